@@ -1,0 +1,56 @@
+"""The `locals` command: a typer app whose subcommands live one group per module.
+
+Each module in COMMAND_MODULES exposes `register(app)`; a command exists in `--help`
+only once its module is listed here and works.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="locals",
+    help="Run teams of coding agents on your own machine, fast.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+COMMAND_MODULES = [
+    "locals.cli.generate",
+]
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def _version(value: bool) -> None:
+    if not value:
+        return
+    from locals.cli.version import print_version
+
+    print_version()
+    raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Show version, backend, BLAS, device and memory."),
+) -> None:
+    """Run teams of coding agents on your own machine, fast."""
+
+
+def main() -> None:
+    """Console entry point: user-facing errors print one line and exit 1."""
+    from locals.errors import LocalsError
+    from locals.cli.common import console_err
+
+    try:
+        app()
+    except LocalsError as exc:
+        console_err.print(f"[red]error:[/red] {exc}")
+        sys.exit(1)

@@ -1,0 +1,29 @@
+"""Helpers shared by CLI commands: consoles, loading a model with a spinner, fast BLAS."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+console = Console()
+console_err = Console(stderr=True)
+
+
+def prepare_model_process() -> None:
+    """Commands that run a model call this first: on Linux it may re-exec with OpenBLAS."""
+    from locals.engine.backend import reexec_with_fast_blas
+
+    reexec_with_fast_blas()
+
+
+def load_with_spinner(model: str | None):
+    """Load a model (None: this machine's default) while a spinner runs on stderr."""
+    from locals.engine.models import load_model
+
+    label = model or "the default model"
+    with console_err.status(f"loading {label}…", spinner="dots"):
+        loaded = load_model(model)
+    console_err.print(
+        f"[dim]{loaded.name} loaded in {loaded.load_seconds:.1f} s "
+        f"({loaded.backend.kind}, {loaded.weights_bytes / 1e6:.0f} MB)[/dim]"
+    )
+    return loaded

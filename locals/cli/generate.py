@@ -1,0 +1,174 @@
+"""`locals generate`, `locals chat` and `locals models`: the model without the daemon."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from locals.cli.common import console, console_err, load_with_spinner, prepare_model_process
+from locals.errors import LocalsError
+from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+
+
+def _read_schema(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise LocalsError(f"{path}: cannot read the schema ({exc.strerror})") from None
+    except ValueError as exc:
+        raise LocalsError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _stream(engine, request: GenerationRequest, out=sys.stdout) -> tuple[FinishEvent, float]:
+    """Print a request's text as it arrives; returns the finish event and time to first token."""
+    start, ttft = time.perf_counter(), None
+    finish = None
+    for event in engine.generate(request):
+        if isinstance(event, TokenEvent):
+            ttft = ttft if ttft is not None else time.perf_counter() - start
+            out.write(event.text)
+            out.flush()
+        elif isinstance(event, FinishEvent):
+            finish = event
+    if finish.reason == "error":
+        raise LocalsError(f"generation failed: {finish.error}")
+    return finish, ttft or 0.0
+
+
+def _report(finish: FinishEvent, ttft: float, elapsed: float) -> None:
+    decode = max(elapsed - ttft, 1e-9)
+    rate = (finish.usage.completion_tokens - 1) / decode if finish.usage.completion_tokens > 1 else 0.0
+    console_err.print(
+        f"[dim]{finish.usage.prompt_tokens} prompt tokens, {finish.usage.completion_tokens} generated "
+        f"({finish.reason}); first token {ttft:.2f} s, {rate:.1f} tok/s[/dim]"
+    )
+
+
+def generate(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The user message to answer."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Alias, HF repo, folder or GGUF file."),
+    max_tokens: int = typer.Option(256, "--max-tokens", help="Most tokens to generate."),
+    temperature: float = typer.Option(0.7, "--temperature", "-t", help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Makes sampling reproducible."),
+    schema: Optional[Path] = typer.Option(None, "--schema", help="JSON schema file the answer must follow."),
+    system: Optional[str] = typer.Option(None, "--system", help="A system message."),
+) -> None:
+    """Answer one prompt, streaming to stdout; speed and token counts go to stderr."""
+    prepare_model_process()
+    from locals.engine import Engine, build_constraint, encode_prompt, render_prompt
+
+    json_schema = _read_schema(schema) if schema else None
+    loaded = load_with_spinner(model)
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": prompt}]
+    tokens = encode_prompt(loaded, render_prompt(loaded, messages))
+    constraint = build_constraint(loaded, json_schema=json_schema) if json_schema else None
+    request = GenerationRequest(
+        prompt_tokens=tokens,
+        sampling=SamplingParams(temperature=temperature, top_p=top_p, seed=seed, max_tokens=max_tokens),
+        constraint=constraint,
+    )
+    engine = Engine(loaded)
+    engine.start()
+    try:
+        start = time.perf_counter()
+        finish, ttft = _stream(engine, request)
+        sys.stdout.write("\n")
+        _report(finish, ttft, time.perf_counter() - start)
+    finally:
+        engine.stop()
+
+
+def chat(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Alias, HF repo, folder or GGUF file."),
+    max_tokens: int = typer.Option(1024, "--max-tokens", help="Most tokens per reply."),
+    temperature: float = typer.Option(0.7, "--temperature", "-t", help="0 = greedy."),
+    system: Optional[str] = typer.Option(None, "--system", help="A system message."),
+) -> None:
+    """Chat in the terminal; the conversation is kept. Type /exit (or Ctrl-D) to leave."""
+    prepare_model_process()
+    from locals.engine import Engine, encode_prompt, render_prompt
+
+    loaded = load_with_spinner(model)
+    history = [{"role": "system", "content": system}] if system else []
+    engine = Engine(loaded)
+    engine.start()
+    console_err.print("[dim]/exit to quit, /reset to forget the conversation[/dim]")
+    try:
+        while True:
+            try:
+                line = console.input("[bold green]> [/bold green]")
+            except (EOFError, KeyboardInterrupt):
+                break
+            if line.strip() in ("/exit", "/quit"):
+                break
+            if line.strip() == "/reset":
+                history = history[:1] if system else []
+                continue
+            if not line.strip():
+                continue
+            history.append({"role": "user", "content": line})
+            tokens = encode_prompt(loaded, render_prompt(loaded, history))
+            request = GenerationRequest(tokens, SamplingParams(temperature=temperature, max_tokens=max_tokens))
+            reply = _CollectingWriter()
+            _stream(engine, request, out=reply)
+            sys.stdout.write("\n")
+            history.append({"role": "assistant", "content": reply.text})
+    finally:
+        engine.stop()
+
+
+class _CollectingWriter:
+    """Writes to stdout and keeps the text (the reply goes into the chat history)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> None:
+        self.text += s
+        sys.stdout.write(s)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
+def models() -> None:
+    """List model aliases, what is downloaded in the Hugging Face cache, and what fits here."""
+    from locals.engine.models_list import downloaded_models, fits
+
+    table = Table(title="Aliases")
+    for col in ("alias", "weights", "editor name", "size", "fits here", "note"):
+        table.add_column(col)
+    for alias in _aliases():
+        table.add_row(alias.name, alias.repo, alias.editor_name, f"{alias.size_gb:.1f} GB",
+                      "yes" if fits(alias.size_gb * 1e9) else "no", alias.note)
+    console.print(table)
+    cached = downloaded_models()
+    if cached:
+        table = Table(title="Downloaded (Hugging Face cache)")
+        for col in ("repo", "size", "fits here"):
+            table.add_column(col)
+        for repo, size in cached:
+            table.add_row(repo, f"{size / 1e9:.2f} GB", "yes" if fits(size) else "no")
+        console.print(table)
+    else:
+        console.print("[dim]No MLX models in the Hugging Face cache yet.[/dim]")
+
+
+def _aliases():
+    from locals.engine.catalog import ALIASES
+
+    return ALIASES.values()
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(generate)
+    app.command()(chat)
+    app.command()(models)

@@ -1,0 +1,90 @@
+"""Where locals keeps its files and what it remembers between commands (no MLX here).
+
+Paths come from platformdirs and can be moved as a whole with LOCALS_HOME (tests use it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import platformdirs
+
+DEFAULT_PORT = 8321
+DEFAULT_HOST = "127.0.0.1"
+OLLAMA_PORT = 11434
+APP = "locals"
+
+
+def _root(kind: str) -> Path:
+    home = os.environ.get("LOCALS_HOME")
+    if home:
+        return Path(home) / kind
+    getter = {
+        "state": platformdirs.user_state_dir,
+        "cache": platformdirs.user_cache_dir,
+        "log": platformdirs.user_log_dir,
+        "config": platformdirs.user_config_dir,
+    }[kind]
+    return Path(getter(APP))
+
+
+def state_dir() -> Path:
+    """Runtime state: pid file, remembered settings, worktrees of `locals run`."""
+    return _ensure(_root("state"))
+
+
+def cache_dir() -> Path:
+    """Caches that may be deleted at any time: prompt KV on disk, compiled automata, tuning."""
+    return _ensure(_root("cache"))
+
+
+def log_dir() -> Path:
+    """Daemon logs."""
+    return _ensure(_root("log"))
+
+
+def config_dir() -> Path:
+    """User settings and the setup/disconnect manifest of tool configs."""
+    return _ensure(_root("config"))
+
+
+def _ensure(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass
+class Remembered:
+    """Settings the last `locals start` used, so later commands reach the same daemon."""
+
+    model: str | None = None
+    port: int = DEFAULT_PORT
+    host: str = DEFAULT_HOST
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def _remembered_path() -> Path:
+    return state_dir() / "remembered.json"
+
+
+def load_remembered() -> Remembered:
+    """The remembered settings, or defaults when none (or unreadable)."""
+    try:
+        data = json.loads(_remembered_path().read_text())
+        return Remembered(**{k: v for k, v in data.items() if k in Remembered.__dataclass_fields__})
+    except (OSError, ValueError, TypeError):
+        return Remembered()
+
+
+def save_remembered(settings: Remembered) -> None:
+    """Write the remembered settings atomically."""
+    path = _remembered_path()
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(settings)))
+    tmp.replace(path)

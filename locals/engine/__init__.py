@@ -1,0 +1,27 @@
+"""The only package that imports mlx, mlx_lm and outlines_core.
+
+The server reaches it through this facade: load_model, render_prompt, Engine and
+build_constraint. Names are imported lazily so `import locals.engine` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "load_model": "locals.engine.models",
+    "LoadedModel": "locals.engine.models",
+    "render_prompt": "locals.engine.templates",
+    "encode_prompt": "locals.engine.templates",
+    "Engine": "locals.engine.engine",
+    "EngineConfig": "locals.engine.engine",
+    "build_constraint": "locals.engine.constrain",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(name)
