@@ -21,6 +21,7 @@ app = typer.Typer(
 
 COMMAND_MODULES = [
     "locals.cli.generate",
+    "locals.cli.run",
 ]
 
 for _name in COMMAND_MODULES:
@@ -46,11 +47,13 @@ def _root(
 
 def main() -> None:
     """Console entry point: user-facing errors print one line and exit 1."""
-    from locals.errors import LocalsError
+    from rich.markup import escape
+
     from locals.cli.common import console_err
+    from locals.errors import LocalsError
 
     try:
         app()
     except LocalsError as exc:
-        console_err.print(f"[red]error:[/red] {exc}")
+        console_err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
         sys.exit(1)

@@ -62,10 +62,10 @@ def generate(
 ) -> None:
     """Answer one prompt, streaming to stdout; speed and token counts go to stderr."""
     prepare_model_process()
-    from locals.engine import Engine, build_constraint, encode_prompt, render_prompt
-
     json_schema = _read_schema(schema) if schema else None
     loaded = load_with_spinner(model)
+    from locals.engine import Engine, build_constraint, encode_prompt, render_prompt
+
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     tokens = encode_prompt(loaded, render_prompt(loaded, messages))
@@ -94,9 +94,9 @@ def chat(
 ) -> None:
     """Chat in the terminal; the conversation is kept. Type /exit (or Ctrl-D) to leave."""
     prepare_model_process()
+    loaded = load_with_spinner(model)
     from locals.engine import Engine, encode_prompt, render_prompt
 
-    loaded = load_with_spinner(model)
     history = [{"role": "system", "content": system}] if system else []
     engine = Engine(loaded)
     engine.start()

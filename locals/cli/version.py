@@ -11,13 +11,11 @@ def print_version() -> None:
     from locals.cli.common import prepare_model_process
 
     prepare_model_process()
-    import mlx.core as mx
-
-    from locals.engine.backend import detect, find_openblas
+    from locals.engine.backend import detect, find_openblas, mlx_version
 
     b = detect()
     console.print(f"locals {__version__}")
-    console.print(f"mlx {mx.__version__}, backend {b.kind}, device {b.device_name}, "
+    console.print(f"mlx {mlx_version()}, backend {b.kind}, device {b.device_name}, "
                   f"memory {b.memory_bytes / 1024**3:.1f} GiB")
     if b.kind == "cpu":
         hint = " (preloaded by locals)" if b.blas == "openblas" else ""

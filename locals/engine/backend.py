@@ -67,6 +67,13 @@ def detect() -> Backend:
                    blas_in_use())
 
 
+def mlx_version() -> str:
+    """The installed MLX version."""
+    import mlx.core as mx
+
+    return mx.__version__
+
+
 def reexec_with_fast_blas(argv: list[str] | None = None) -> None:
     """On Linux, restart this process with OpenBLAS preloaded when it is installed but not loaded.
 

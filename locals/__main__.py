@@ -1,0 +1,5 @@
+"""`python -m locals` runs the CLI."""
+
+from locals.cli import main
+
+main()

@@ -1,0 +1,105 @@
+"""`locals run`: a team of agents on a task in git worktrees, judged by `--check`; without
+`--check`, an answer to a question about the project. The work itself lives in agents/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from locals.cli.common import console, console_err
+from locals.errors import LocalsError
+
+
+def parse_parts(value: str) -> int | None:
+    """`auto` -> None (the planner decides), else a positive count."""
+    if value == "auto":
+        return None
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise LocalsError(f"--parts must be `auto` or a positive number, not {value!r}")
+
+
+def run(
+    task: str = typer.Argument(..., help="What to do, or a question about the project (without --check)."),
+    directory: Path = typer.Option(Path("."), "--dir", "-d", help="The project (a git repository)."),
+    check: Optional[str] = typer.Option(None, "--check", help="Shell command that must pass, e.g. 'python3 -m pytest -q'."),
+    agents: int = typer.Option(4, "--agents", "-n", min=1, max=64, help="Agents per part, working at once."),
+    parts: str = typer.Option("auto", "--parts", help="`auto` (the planner decides) or a number of parts."),
+    max_steps: int = typer.Option(12, "--max-steps", min=1, help="Tool calls each agent may make."),
+    timeout: float = typer.Option(1800.0, "--timeout", min=1.0, help="Seconds before the whole run stops."),
+    server: Optional[str] = typer.Option(None, "--server", help="Any OpenAI-compatible base URL instead of the locals daemon."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to start (or to name to --server)."),
+    port: Optional[int] = typer.Option(None, "--port", help="Port of the locals daemon."),
+    keep: bool = typer.Option(False, "--keep", help="Keep the worktrees afterwards (their path is printed)."),
+    no_sandbox: bool = typer.Option(False, "--no-sandbox", help="Run the agents' commands unconfined."),
+    network: bool = typer.Option(False, "--network", help="Let the agents' commands and the check use the network."),
+    json_out: bool = typer.Option(False, "--json", help="Print the outcome as JSON, with no live display."),
+) -> None:
+    """Let a team of agents do TASK in copies of the project; your tests decide (--check)."""
+    from agents.runner import RunOptions
+
+    options = RunOptions(
+        task=task, directory=directory.expanduser().resolve(), check=check, agents=agents,
+        parts=parse_parts(parts), max_steps=max_steps, timeout_s=timeout, sandbox=not no_sandbox,
+        network=network, keep=keep,
+    )
+    if not options.directory.is_dir():
+        raise LocalsError(f"--dir {directory} is not a folder")
+    _preflight(options)
+    base_url = server or _start_daemon(model, port)
+    try:
+        report = asyncio.run(_main(options, base_url, model if server else None, json_out))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        console_err.print("[yellow]stopped: worktrees removed; unfinished parts left your project as it was[/yellow]")
+        raise typer.Exit(130) from None
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def _preflight(options) -> None:
+    """Fail before starting anything when the project or the sandbox cannot work."""
+    from agents.sandbox import check_bwrap, make_sandbox
+    from agents.worktree import open_project
+
+    open_project(options.directory)
+    if options.sandbox and sys.platform.startswith("linux"):
+        check_bwrap()
+    elif options.sandbox:
+        make_sandbox(options.directory, options.directory, enabled=True)
+
+
+def _start_daemon(model: str | None, port: int | None) -> str:
+    from locals.client import ensure_server
+
+    with console_err.status("starting the locals daemon…", spinner="dots"):
+        return ensure_server(model, port)
+
+
+async def _main(options, base_url: str, model: str | None, json_out: bool):
+    from agents.display import LiveDisplay, print_summary
+    from agents.events import ignore
+    from agents.runner import run_team
+    from locals.client import ChatClient
+
+    # SIGTERM cleans up like Ctrl-C: cancelling the main task runs the runner's finally blocks.
+    main_task = asyncio.current_task()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+    async with ChatClient(base_url, model=model) as client:
+        if json_out:
+            report = await run_team(options, client, ignore)
+            print(json.dumps(report.to_dict(), indent=2))
+            return report
+        with LiveDisplay(console_err, options.max_steps) as display:
+            report = await run_team(options, client, display)
+    print_summary(console, report)
+    return report
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)

@@ -1,0 +1,92 @@
+"""Shared fixtures: an isolated home dir, no network, the embedded model, a tiny random llama.
+
+On Linux the test process re-executes itself with OpenBLAS preloaded when it is installed
+(the same thing the CLI does), so model tests run at the speed users see.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+import pytest
+
+from locals.engine.backend import reexec_with_fast_blas
+
+
+def pytest_configure(config):
+    """Re-exec with OpenBLAS preloaded (if installed) before any test imports MLX."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.stop_global_capturing()  # give the new process the real stdout/stderr
+    reexec_with_fast_blas()
+    if capture is not None:
+        capture.start_global_capturing()
+
+
+def _is_loopback(address) -> bool:
+    host = address[0] if isinstance(address, tuple) else address
+    if not isinstance(host, str):
+        return True  # unix sockets and the like
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Any connection to a non-loopback address fails the test at once."""
+    real_connect = socket.socket.connect
+
+    def guarded(sock, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and not _is_loopback(address):
+            raise OSError(f"tests must not reach the network (tried {address!r})")
+        return real_connect(sock, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def locals_home(tmp_path, monkeypatch):
+    """Point every locals path (state, cache, logs, config) at a temp dir."""
+    home = tmp_path / "locals-home"
+    monkeypatch.setenv("LOCALS_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The embedded SmolLM2-135M-Instruct, loaded once per test session."""
+    from locals.engine.models import load_model
+
+    return load_model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(smollm2):
+    """A tiny random llama (2 layers, width 64) sharing the embedded model's tokenizer."""
+    return make_tiny_llama(smollm2)
+
+
+def make_tiny_llama(reference, seed: int = 0, layers: int = 2, hidden: int = 64):
+    """A LoadedModel with random weights and `reference`'s tokenizer, for fast engine tests."""
+    import dataclasses
+
+    import mlx.core as mx
+    from mlx_lm.models import llama
+
+    mx.random.seed(seed)
+    args = llama.ModelArgs(
+        model_type="llama", hidden_size=hidden, num_hidden_layers=layers, intermediate_size=2 * hidden,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+        vocab_size=reference.vocab_size, rope_traditional=True, tie_word_embeddings=True,
+        max_position_embeddings=2048,
+    )
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    return dataclasses.replace(reference, model=model, name="tiny-llama", model_id="random",
+                               context_length=2048, weights_bytes=0)

@@ -1,0 +1,82 @@
+"""DESIGN.md's import rules, enforced by walking every module's AST."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("mlx", "mlx_lm", "outlines_core")
+CLIENT_SIDE_ALLOWED = {"locals", "locals.client", "locals.config", "locals.protocol", "locals.errors"}
+
+
+def _imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+            names += [f"{node.module}.{a.name}" for a in node.names if node.module == "locals"]
+    return names
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def test_only_the_engine_imports_mlx():
+    offenders = []
+    for package in ("locals", "agents", "integrations"):
+        for path in _modules(package):
+            if path.is_relative_to(ROOT / "locals" / "engine"):
+                continue
+            offenders += [f"{path.relative_to(ROOT)}: {n}" for n in _imports(path) if _top(n) in HEAVY]
+    assert not offenders, offenders
+
+
+def test_engine_never_imports_server_agents_or_integrations():
+    bad = ("locals.server", "locals.cli", "locals.daemon", "agents", "integrations")
+    offenders = [f"{p.relative_to(ROOT)}: {n}" for p in _modules("locals/engine")
+                 for n in _imports(p) if n.startswith(bad)]
+    assert not offenders, offenders
+
+
+def test_agents_and_integrations_use_only_the_client_surface():
+    offenders = []
+    for package in ("agents", "integrations"):
+        for path in _modules(package):
+            for name in _imports(path):
+                if _top(name) == "locals" and name not in CLIENT_SIDE_ALLOWED and not any(
+                        name.startswith(a + ".") for a in CLIENT_SIDE_ALLOWED - {"locals"}):
+                    offenders.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not offenders, offenders
+
+
+def test_nothing_under_locals_imports_agents_or_integrations_except_the_cli():
+    offenders = []
+    for path in _modules("locals"):
+        if path.is_relative_to(ROOT / "locals" / "cli"):
+            continue
+        offenders += [f"{path.relative_to(ROOT)}: {n}" for n in _imports(path)
+                      if _top(n) in ("agents", "integrations")]
+    assert not offenders, offenders
+
+
+def test_server_reaches_the_engine_only_through_its_facade():
+    allowed = {"locals.engine"}
+    offenders = [f"{p.relative_to(ROOT)}: {n}" for p in _modules("locals/server")
+                 for n in _imports(p) if n.startswith("locals.engine") and n not in allowed]
+    assert not offenders, offenders
+
+
+def test_the_rules_see_a_violation(tmp_path):
+    """The walker itself works: a planted import is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import mlx.core as mx\nfrom locals.server import app\n")
+    assert _imports(bad) == ["mlx.core", "locals.server"]
