@@ -1,0 +1,99 @@
+"""The prefix KV store on disk: round trip, checks that discard bad files, LRU bound, tiers."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from locals.engine.disk_cache import DiskPrefixStore, decode
+from locals.engine.prefix_cache import MemoryPrefixCache
+from locals.engine.tiered_cache import TieredPrefixCache
+
+
+def _kv(n: int, layers: int = 3, dtype=mx.float32, seed: int = 0):
+    mx.random.seed(seed)
+    return [(mx.random.normal((1, 2, n, 8)).astype(dtype), mx.random.normal((1, 2, n, 8)).astype(dtype))
+            for _ in range(layers)]
+
+
+def _same(a, b) -> bool:
+    return all(mx.array_equal(x, y).item() for pa, pb in zip(a, b) for x, y in zip(pa, pb))
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+def test_round_trip_and_restart(tmp_path, dtype):
+    tokens = list(range(100))
+    kv = _kv(100, dtype=dtype)
+    store = DiskPrefixStore(tmp_path, "model-a", budget_bytes=10**8, min_tokens=10)
+    store.save(tokens, kv)
+    store.flush()
+    again = DiskPrefixStore(tmp_path, "model-a", budget_bytes=10**8, min_tokens=10)  # a restart
+    n, entry = again.longest(tokens + [5, 6, 7])
+    assert n == 100
+    loaded = again.load(entry)
+    assert loaded[0][0].dtype == dtype and _same(loaded, kv)
+    assert again.longest(tokens[:50])[0] == 0  # only whole stored prefixes count
+
+
+def test_foreign_model_file_is_discarded(tmp_path):
+    store = DiskPrefixStore(tmp_path, "model-a", 10**8, min_tokens=1)
+    store.save([1, 2, 3], _kv(3))
+    store.flush()
+    path = next((tmp_path / "model-a").glob("*.kv"))
+    other = tmp_path / "model-b"
+    other.mkdir()
+    path.rename(other / path.name)
+    assert DiskPrefixStore(tmp_path, "model-b", 10**8).entries == {}
+    assert not list(other.glob("*.kv"))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_damaged_file_is_discarded_not_loaded(tmp_path, damage):
+    store = DiskPrefixStore(tmp_path, "m", 10**8, min_tokens=1)
+    store.save(list(range(20)), _kv(20))
+    store.flush()
+    path = next((tmp_path / "m").glob("*.kv"))
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) - 100]
+    else:
+        data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    again = DiskPrefixStore(tmp_path, "m", 10**8, min_tokens=1)
+    n, entry = again.longest(list(range(25)))
+    assert n == 20  # the header still reads...
+    assert again.load(entry) is None  # ...but the checksum fails: discarded
+    assert not path.exists() and again.longest(list(range(25))) == (0, None)
+    assert decode(bytes(data), "m") is None
+
+
+def test_budget_evicts_least_recently_used(tmp_path):
+    store = DiskPrefixStore(tmp_path, "m", budget_bytes=10**9, min_tokens=1)
+    store.save(list(range(10)), _kv(10))
+    store.flush()
+    size = store.nbytes
+    store.budget_bytes = int(size * 2.5)
+    store.save(list(range(100, 110)), _kv(10, seed=1))
+    store.flush()
+    store.load(store.longest(list(range(10)))[1])  # touch the first: most recently used
+    store.save(list(range(200, 210)), _kv(10, seed=2))
+    store.flush()
+    assert store.nbytes <= store.budget_bytes
+    assert store.longest(list(range(10)))[0] == 10
+    assert store.longest(list(range(100, 110)))[0] == 0
+
+
+def test_tiers_persist_reused_prefixes_and_serve_after_restart(tmp_path):
+    prompt = list(range(300))
+    kv = _kv(300)
+    tiered = TieredPrefixCache(MemoryPrefixCache(10**9), DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=64))
+    tiered.insert(prompt, kv)
+    assert tiered.disk.entries == {}  # one-off prompts are not written
+    n, hit = tiered.lookup(prompt[:200] + [999])  # a second request reuses 200 tokens
+    assert n == 200
+    tiered.disk.flush()
+    restarted = TieredPrefixCache(MemoryPrefixCache(10**9), DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=64))
+    n, kv2 = restarted.lookup(prompt[:200] + [1, 2])
+    assert n == 200 and restarted.disk_hits == 1
+    assert np.allclose(np.array(kv2[0][0][..., :200, :]), np.array(kv[0][0][..., :200, :]))
