@@ -97,3 +97,21 @@ def test_tiers_persist_reused_prefixes_and_serve_after_restart(tmp_path):
     n, kv2 = restarted.lookup(prompt[:200] + [1, 2])
     assert n == 200 and restarted.disk_hits == 1
     assert np.allclose(np.array(kv2[0][0][..., :200, :]), np.array(kv[0][0][..., :200, :]))
+
+
+def test_cache_cli_lists_and_clears(locals_home):
+    from typer.testing import CliRunner
+
+    from locals.cli import app
+    from locals.cli.cache import prompts_dir
+    from locals.engine.disk_cache import DiskPrefixStore
+
+    store = DiskPrefixStore(prompts_dir(), "abc123", 10**8, min_tokens=1)
+    store.save(list(range(77)), _kv(77))
+    store.flush()
+    runner = CliRunner()
+    listed = runner.invoke(app, ["cache", "list"])
+    assert listed.exit_code == 0 and "abc123" in listed.output and "77" in listed.output
+    cleared = runner.invoke(app, ["cache", "clear"])
+    assert cleared.exit_code == 0 and "cleared" in cleared.output
+    assert not list(prompts_dir().rglob("*.kv"))
