@@ -8,7 +8,7 @@ import pytest
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("dense", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_export_loads_in_mlx_lm(tmp_path, dense):
     from mlx_lm import generate, load
 
