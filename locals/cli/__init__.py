@@ -21,7 +21,11 @@ app = typer.Typer(
 
 COMMAND_MODULES = [
     "locals.cli.generate",
+    "locals.cli.cache",
     "locals.cli.run",
+    "locals.cli.launch",
+    "locals.cli.daemon",
+    "locals.cli.tune",
 ]
 
 for _name in COMMAND_MODULES:

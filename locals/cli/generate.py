@@ -69,7 +69,8 @@ def generate(
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     tokens = encode_prompt(loaded, render_prompt(loaded, messages))
-    constraint = build_constraint(loaded, json_schema=json_schema) if json_schema else None
+    constraint = (build_constraint(loaded, json_schema=json_schema, max_tokens=max_tokens)
+                  if json_schema else None)
     request = GenerationRequest(
         prompt_tokens=tokens,
         sampling=SamplingParams(temperature=temperature, top_p=top_p, seed=seed, max_tokens=max_tokens),

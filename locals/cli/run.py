@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -34,6 +33,7 @@ def run(
     parts: str = typer.Option("auto", "--parts", help="`auto` (the planner decides) or a number of parts."),
     max_steps: int = typer.Option(12, "--max-steps", min=1, help="Tool calls each agent may make."),
     timeout: float = typer.Option(1800.0, "--timeout", min=1.0, help="Seconds before the whole run stops."),
+    max_tokens: int = typer.Option(1024, "--max-tokens", min=16, help="Longest reply of each model call."),
     server: Optional[str] = typer.Option(None, "--server", help="Any OpenAI-compatible base URL instead of the locals daemon."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to start (or to name to --server)."),
     port: Optional[int] = typer.Option(None, "--port", help="Port of the locals daemon."),
@@ -48,7 +48,7 @@ def run(
     options = RunOptions(
         task=task, directory=directory.expanduser().resolve(), check=check, agents=agents,
         parts=parse_parts(parts), max_steps=max_steps, timeout_s=timeout, sandbox=not no_sandbox,
-        network=network, keep=keep,
+        network=network, keep=keep, max_tokens=max_tokens,
     )
     if not options.directory.is_dir():
         raise LocalsError(f"--dir {directory} is not a folder")
@@ -64,14 +64,11 @@ def run(
 
 def _preflight(options) -> None:
     """Fail before starting anything when the project or the sandbox cannot work."""
-    from agents.sandbox import check_bwrap, make_sandbox
+    from agents.sandbox import make_sandbox
     from agents.worktree import open_project
 
     open_project(options.directory)
-    if options.sandbox and sys.platform.startswith("linux"):
-        check_bwrap()
-    elif options.sandbox:
-        make_sandbox(options.directory, options.directory, enabled=True)
+    make_sandbox(options.directory, options.directory, network=options.network, enabled=options.sandbox)
 
 
 def _start_daemon(model: str | None, port: int | None) -> str:
@@ -90,14 +87,14 @@ async def _main(options, base_url: str, model: str | None, json_out: bool):
     # SIGTERM cleans up like Ctrl-C: cancelling the main task runs the runner's finally blocks.
     main_task = asyncio.current_task()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
-    async with ChatClient(base_url, model=model) as client:
+    async with ChatClient(base_url, model=model, timeout_s=options.timeout_s) as client:
         if json_out:
             report = await run_team(options, client, ignore)
             print(json.dumps(report.to_dict(), indent=2))
             return report
         with LiveDisplay(console_err, options.max_steps) as display:
             report = await run_team(options, client, display)
-    print_summary(console, report)
+    print_summary(console, console_err, report)
     return report
 
 

@@ -13,6 +13,8 @@ _EXPORTS = {
     "LoadedModel": "locals.engine.models",
     "render_prompt": "locals.engine.templates",
     "encode_prompt": "locals.engine.templates",
+    "cache_points": "locals.engine.templates",
+    "tool_parser": "locals.engine.models",
     "Engine": "locals.engine.engine",
     "EngineConfig": "locals.engine.engine",
     "build_constraint": "locals.engine.constrain",

@@ -197,3 +197,16 @@ def _logits_width(model: nn.Module) -> int:
         return int(width)
     out = model(mx.array([[0]]))
     return int(out.shape[-1])
+
+
+def tool_parser(loaded: LoadedModel) -> tuple[str, str, object] | None:
+    """(start marker, end marker, parse function) of the model's tool-call format, from mlx-lm."""
+    import importlib
+
+    tok = loaded.tokenizer
+    if getattr(tok, "tool_call_start", None) and getattr(tok, "tool_parser", None) is not None:
+        return tok.tool_call_start, tok.tool_call_end or "", tok.tool_parser
+    if not loaded.tool_format:
+        return None
+    module = importlib.import_module(f"mlx_lm.tool_parsers.{loaded.tool_format}")
+    return module.tool_call_start, module.tool_call_end, module.parse_tool_call

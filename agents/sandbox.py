@@ -1,0 +1,212 @@
+"""Confinement for the shell commands agents and `--check` run: writes only in the worktree,
+a private temp dir and the user's cache dir; no network unless asked.
+
+Linux uses bubblewrap (Landlock as a fallback, see landlock_box), macOS `sandbox-exec`
+with a generated profile. `run_confined` runs one shell command under a Sandbox with a
+timeout and an output cap; diffs are never computed in here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agents import landlock_box
+from locals.errors import LocalsError
+
+OUTPUT_CAP = 12_000
+
+
+class SandboxUnavailable(LocalsError):
+    """No way to confine commands on this machine; the message says what to install."""
+
+
+@dataclass
+class Sandbox:
+    """How to wrap a shell command so it can write only to `writable` paths."""
+
+    writable: list[Path]
+    network: bool = False
+    kind: str = "bwrap"  # "bwrap", "sandbox-exec", "landlock" (Linux fallback) or "none"
+    tmp_dir: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def wrap(self, shell_command: str, cwd: Path) -> list[str]:
+        """The argv that runs `shell_command` in `cwd` under this sandbox."""
+        inner = ["/bin/sh", "-c", shell_command]
+        if self.kind in ("none", "landlock"):
+            return inner
+        if self.kind == "bwrap":
+            return _bwrap_argv(self, cwd) + inner
+        if self.kind == "sandbox-exec":
+            return ["sandbox-exec", "-p", macos_profile(self)] + inner
+        raise ValueError(f"unknown sandbox kind {self.kind!r}")
+
+    def preexec(self):
+        """What the child runs before exec: Landlock's restriction, or nothing."""
+        return landlock_box.restrictor(self.writable) if self.kind == "landlock" else None
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # Bytecode caches would otherwise show up in the agents' diffs.
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        # The OpenBLAS preload locals adds for its own speed hangs bwrap (its threads start
+        # before bwrap's namespace setup); user commands never needed it.
+        preload = [p for p in env.pop("LD_PRELOAD", "").split(":") if p and "openblas" not in p]
+        if preload:
+            env["LD_PRELOAD"] = ":".join(preload)
+        if self.tmp_dir is not None and self.kind != "bwrap":
+            env["TMPDIR"] = str(self.tmp_dir)
+        env.update(self.extra_env)
+        return env
+
+
+def cache_dirs() -> list[Path]:
+    """The per-user cache folders build tools write to (pip, uv, npm, ...)."""
+    home = Path.home()
+    candidates = [Path(os.environ.get("XDG_CACHE_HOME", home / ".cache"))]
+    if sys.platform == "darwin":
+        candidates.append(home / "Library" / "Caches")
+    return [p for p in candidates if p.is_dir()]
+
+
+def make_sandbox(worktree: Path, tmp_dir: Path, *, network: bool = False, enabled: bool = True) -> Sandbox:
+    """A sandbox for commands in `worktree`; raises SandboxUnavailable with install advice."""
+    writable = [worktree, tmp_dir, *cache_dirs()]
+    if not enabled:
+        return Sandbox(writable, network=True, kind="none", tmp_dir=tmp_dir)
+    if sys.platform == "darwin":
+        if shutil.which("sandbox-exec") is None:
+            raise SandboxUnavailable("sandbox-exec not found; pass --no-sandbox to run agents' commands unconfined")
+        return Sandbox(writable, network=network, kind="sandbox-exec", tmp_dir=tmp_dir)
+    if sys.platform.startswith("linux"):
+        try:
+            check_bwrap()
+        except SandboxUnavailable as exc:
+            if not landlock_box.available():
+                raise
+            if not network:
+                raise SandboxUnavailable(f"{exc}; or add --network to confine writes with Landlock alone "
+                                         "(it cannot cut the network)") from None
+            return Sandbox([*writable, Path(tempfile.gettempdir())], network=True, kind="landlock", tmp_dir=tmp_dir)
+        return Sandbox(writable, network=network, kind="bwrap", tmp_dir=tmp_dir)
+    raise SandboxUnavailable(f"no sandbox for {sys.platform}; pass --no-sandbox to run agents' commands unconfined")
+
+
+_bwrap_ok: bool | None = None
+
+
+def check_bwrap() -> None:
+    """Fail with install advice unless bubblewrap exists and can create its namespaces here."""
+    global _bwrap_ok
+    if _bwrap_ok:
+        return
+    if shutil.which("bwrap") is None:
+        raise SandboxUnavailable(
+            "bubblewrap is needed to confine the agents' commands: install it "
+            "(`sudo apt install bubblewrap`, `sudo dnf install bubblewrap`, `sudo pacman -S bubblewrap`) "
+            "or pass --no-sandbox"
+        )
+    probe = Sandbox([], kind="bwrap")
+    try:
+        proc = subprocess.run(probe.wrap("true", Path("/")), env=probe.env(), capture_output=True, text=True,
+                              timeout=30)
+    except subprocess.TimeoutExpired:
+        raise SandboxUnavailable("bubblewrap did not start within 30 s; pass --no-sandbox to run unconfined") from None
+    if proc.returncode != 0:
+        raise SandboxUnavailable(
+            f"bubblewrap cannot create a sandbox here ({proc.stderr.strip()}); enable unprivileged user "
+            "namespaces (`sudo sysctl kernel.unprivileged_userns_clone=1`, or on Ubuntu an AppArmor "
+            "profile for bwrap) or pass --no-sandbox"
+        )
+    _bwrap_ok = True
+
+
+def _bwrap_argv(box: Sandbox, cwd: Path) -> list[str]:
+    # The whole file system read-only, a private /tmp, then the writable folders at their own paths.
+    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for path in box.writable:
+        argv += ["--bind", str(path), str(path)]
+    argv += ["--unshare-user-try", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    if not box.network:
+        argv.append("--unshare-net")
+    argv += ["--die-with-parent", "--new-session", "--chdir", str(cwd)]
+    if box.tmp_dir is not None:
+        argv += ["--setenv", "TMPDIR", str(box.tmp_dir)]
+    return argv + ["--"]
+
+
+def macos_profile(box: Sandbox) -> str:
+    """A Seatbelt profile: everything allowed except writes outside `writable` (and network)."""
+    allowed = " ".join(f'(subpath "{os.path.realpath(p)}")' for p in box.writable)
+    lines = [
+        "(version 1)",
+        "(allow default)",
+        "(deny file-write*)",
+        f'(allow file-write* {allowed} (literal "/dev/null") (literal "/dev/tty") (subpath "/dev/fd"))',
+    ]
+    if not box.network:
+        lines.append("(deny network*)")
+        lines.append('(allow network* (remote unix-socket))')
+    return "\n".join(lines)
+
+
+@dataclass
+class CommandResult:
+    """Exit status and the (capped) combined output of one confined command."""
+
+    returncode: int
+    output: str
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+async def run_confined(
+    command: str, cwd: Path, sandbox: Sandbox, *, timeout_s: float = 120.0, cap: int = OUTPUT_CAP
+) -> CommandResult:
+    """Run `command` under `sandbox`; kill its whole process group on timeout or cancellation."""
+    proc = await asyncio.create_subprocess_exec(
+        *sandbox.wrap(command, cwd),
+        cwd=str(cwd),
+        env=sandbox.env(),
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=sandbox.preexec(),
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
+    except asyncio.TimeoutError:
+        await _kill_group(proc)
+        return CommandResult(returncode=-1, output=f"(killed after {timeout_s:g} s)", timed_out=True)
+    except asyncio.CancelledError:
+        await _kill_group(proc)
+        raise
+    return CommandResult(returncode=proc.returncode or 0, output=cap_text(out.decode(errors="replace"), cap))
+
+
+async def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    await proc.wait()
+
+
+def cap_text(text: str, cap: int) -> str:
+    """Keep the head and the tail of long output: errors tend to be at the end."""
+    if len(text) <= cap:
+        return text
+    half = cap // 2
+    return f"{text[:half]}\n... ({len(text) - cap} characters cut) ...\n{text[-half:]}"

@@ -1,0 +1,193 @@
+"""Git side of a run: detached worktrees that start from the user's current state (uncommitted
+and untracked files included), the patch of an agent's work, and applying it to the user's tree.
+
+Worktrees live under the state dir, never inside the project. The user's working tree is
+written only by `apply_patch`, after `git apply --check` has passed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+import psutil
+
+from locals.config import state_dir
+from locals.errors import LocalsError
+
+# Caches that commands in a worktree create must never reach the user's project.
+_EXCLUDES = "__pycache__/\n*.py[cod]\n.pytest_cache/\n.mypy_cache/\n.ruff_cache/\n.DS_Store\n"
+
+
+class ProjectError(LocalsError):
+    """The --dir folder cannot host worktrees (not a git repository, no commit yet)."""
+
+
+def open_project(directory: Path) -> git.Repo:
+    """The git repository at `directory` (its top level), with advice when it is not one."""
+    try:
+        repo = git.Repo(directory, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise ProjectError(
+            f"{directory} is not a git repository; agents work in git worktrees: run "
+            f"`git init && git add -A && git commit -m start` there first"
+        ) from None
+    if repo.bare:
+        raise ProjectError(f"{directory} is a bare repository; pass a folder with a working tree")
+    try:
+        repo.head.commit
+    except ValueError:
+        raise ProjectError(f"{directory} has no commit yet; run `git add -A && git commit -m start` there first") from None
+    return repo
+
+
+@dataclass
+class Snapshot:
+    """The user's uncommitted state, captured once per part: a patch against HEAD and untracked files."""
+
+    head: str
+    patch_file: Path | None
+    untracked: list[str]
+
+
+class RunArea:
+    """One run's folder under the state dir: worktrees, the snapshot, kept patches; removed at the end."""
+
+    def __init__(self, repo: git.Repo, root: Path | None = None):
+        self.repo = repo
+        self.project = Path(repo.working_tree_dir)
+        self.path = (root or state_dir() / "runs") / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.path.mkdir(parents=True)
+        (self.path / "owner.json").write_text(json.dumps({"pid": os.getpid(), "project": str(self.project)}))
+        self.excludes = self.path / "excludes"
+        self.excludes.write_text(_EXCLUDES)
+        self.worktrees: list[Path] = []
+
+    def git(self, cwd: Path) -> git.Git:
+        """A git command runner in `cwd` that ignores build caches on top of the user's excludes."""
+        runner = git.Git(str(cwd))
+        runner.update_environment(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.excludesFile",
+                                  GIT_CONFIG_VALUE_0=str(self.excludes))
+        return runner
+
+    def snapshot(self, label: str) -> Snapshot:
+        """The user's current uncommitted and untracked state."""
+        g = self.repo.git
+        patch = g.diff("HEAD", "--binary", "--ignore-submodules", stdout_as_string=False)
+        patch_file = None
+        if patch.strip():
+            patch_file = self.path / f"{label}-user.patch"
+            patch_file.write_bytes(patch if patch.endswith(b"\n") else patch + b"\n")
+        untracked = [p for p in g.ls_files("--others", "--exclude-standard", "-z").split("\0") if p]
+        return Snapshot(head=self.repo.head.commit.hexsha, patch_file=patch_file, untracked=untracked)
+
+    def add_worktree(self, name: str, snap: Snapshot) -> tuple[Path, str]:
+        """A detached worktree holding the snapshot; returns its path and the baseline tree id."""
+        path = self.path / name
+        self.worktrees.append(path)
+        self.repo.git.worktree("add", "--detach", "--quiet", str(path), snap.head)
+        wt = self.git(path)
+        if snap.patch_file is not None:
+            wt.apply("--binary", "--whitespace=nowarn", str(snap.patch_file))
+        for rel in snap.untracked:
+            src, dst = self.project / rel, path / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_symlink() or src.is_file():
+                shutil.copy2(src, dst, follow_symlinks=False)
+        wt.add("-A")
+        return path, wt.write_tree()
+
+    def diff(self, worktree: Path, baseline: str) -> str:
+        """The agent's changes since the baseline tree, as a binary-safe patch (empty if none)."""
+        wt = self.git(worktree)
+        wt.add("-A")
+        return wt.diff("--cached", "--binary", baseline, stdout_as_string=True, strip_newline_in_stdout=False)
+
+    def changed_files(self, patch: str) -> list[str]:
+        return [line.split(" b/", 1)[1] for line in patch.splitlines() if line.startswith("diff --git ") and " b/" in line]
+
+    def keep_patch(self, patch: str, label: str) -> Path:
+        """Save a patch outside the run folder (it survives cleanup) and return its path."""
+        folder = state_dir() / "patches"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{self.path.name}-{label}.patch"
+        path.write_text(patch)
+        return path
+
+    def remove_worktree(self, path: Path) -> None:
+        try:
+            self.repo.git.worktree("remove", "--force", str(path))
+        except git.GitCommandError:
+            pass  # already gone or half-made: rmtree and prune below finish the job
+        shutil.rmtree(path, ignore_errors=True)
+
+    def cleanup(self) -> None:
+        """Remove every worktree of this run and the run folder; prune git's bookkeeping."""
+        for path in self.worktrees:
+            self.remove_worktree(path)
+        shutil.rmtree(self.path, ignore_errors=True)
+        _prune(self.repo)
+
+
+@dataclass
+class ApplyResult:
+    applied: bool
+    files: list[str]
+    kept_at: Path | None = None
+    error: str = ""
+
+
+def apply_patch(area: RunArea, patch: str, label: str) -> ApplyResult:
+    """Apply `patch` to the user's working tree if it applies cleanly; else keep it as a file."""
+    files = area.changed_files(patch)
+    patch_file = area.path / f"{label}-winner.patch"
+    patch_file.write_text(patch)
+    g = area.repo.git
+    try:
+        g.apply("--check", "--binary", str(patch_file))
+    except git.GitCommandError as exc:
+        kept = area.keep_patch(patch, label)
+        return ApplyResult(False, files, kept_at=kept, error=(exc.stderr or str(exc)).strip())
+    g.apply("--binary", str(patch_file))
+    return ApplyResult(True, files)
+
+
+def clean_stale_runs(root: Path | None = None) -> int:
+    """Remove run folders left by runs whose process died (kill -9, power loss); returns how many."""
+    runs = root or state_dir() / "runs"
+    removed = 0
+    for folder in runs.glob("*") if runs.is_dir() else []:
+        try:
+            owner = json.loads((folder / "owner.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if psutil.pid_exists(int(owner.get("pid", 0))):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            _prune(git.Repo(owner["project"]))
+        except (git.GitError, KeyError, OSError):
+            pass
+        removed += 1
+    return removed
+
+
+def _prune(repo: git.Repo) -> None:
+    try:
+        repo.git.worktree("prune")
+    except git.GitCommandError:
+        pass
+
+
+def project_listing(repo: git.Repo, limit: int = 80) -> str:
+    """The project's files (tracked and untracked, ignored ones left out) for the agents' first prompt."""
+    names = [n for n in repo.git.ls_files("--cached", "--others", "--exclude-standard").splitlines() if n]
+    shown = names[:limit]
+    if len(names) > limit:
+        shown.append(f"... and {len(names) - limit} more (use list_files)")
+    return "\n".join(shown) or "(no files yet)"

@@ -1,0 +1,140 @@
+"""Helpers shared by the benchmark scripts: models to compare on, interleaved rounds,
+median/range summaries and JSON results under benchmarks/results/.
+
+Benchmarks compare locals' engine with mlx-lm's BatchGenerator in one process, on the
+same weights and prompts, alternating the two each round so drift hits both alike.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def summary(values: list[float]) -> dict:
+    """Median and range of a list of measurements."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def interleaved(rounds: int, runners: dict[str, Callable[[], dict]], warmup: bool = True) -> dict[str, list[dict]]:
+    """Run each runner once per round, alternating (and rotating) their order; one untimed warm-up each."""
+    if warmup:
+        for fn in runners.values():
+            fn()
+    out: dict[str, list[dict]] = {name: [] for name in runners}
+    names = list(runners)
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            out[name].append(runners[name]())
+    return out
+
+
+def write_results(name: str, data: dict) -> Path:
+    """Write `data` (plus machine info) as benchmarks/results/<name>-<device>-<time>.json."""
+    import mlx.core as mx
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    device = "gpu" if mx.default_device() == mx.gpu else "cpu"
+    data = {"benchmark": name, "device": device, "machine": platform.machine(),
+            "mlx": mx.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), **data}
+    path = RESULTS / f"{name}-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+def no_eos(loaded):
+    """A copy of `loaded` whose tokenizer never stops on EOS, so every run decodes max_tokens."""
+    tok = copy.copy(loaded.tokenizer)
+    tok._eos_token_ids = set()
+    return dataclasses.replace(loaded, tokenizer=tok)
+
+
+# Random-weight Qwen3 shapes: the real 4B one (GPU) and a tiny one that tries the scripts on a CPU.
+QWEN3_SHAPES = {
+    "qwen3-4b": dict(hidden_size=2560, num_hidden_layers=36, intermediate_size=9728,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=151936),
+    "qwen3-tiny": dict(hidden_size=256, num_hidden_layers=2, intermediate_size=512,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=4096),
+}
+
+
+def random_qwen3(reference, shape: str):
+    """A Qwen3-shaped model with random weights, 4-bit (group 64), sharing `reference`'s tokenizer."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models import qwen3
+
+    args = qwen3.ModelArgs(
+        model_type="qwen3", rms_norm_eps=1e-6, max_position_embeddings=40960, rope_theta=1_000_000.0,
+        tie_word_embeddings=True, **QWEN3_SHAPES[shape],
+    )
+    mx.random.seed(0)
+    model = qwen3.Model(args)
+    model.set_dtype(mx.bfloat16)
+    nn.quantize(model, group_size=64, bits=4)
+    mx.eval(model.parameters())
+    return dataclasses.replace(reference, model=model, name=f"{shape}-random", model_id="random",
+                               vocab_size=args.vocab_size, context_length=40960)
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer (256 tokens, no merges) for random-weight models: prompts are
+    token ids anyway, and it needs no model files."""
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tk = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    return TokenizerWrapper(PreTrainedTokenizerFast(tokenizer_object=tk), detokenizer_class=BPEStreamingDetokenizer)
+
+
+def load_pair(random_model: str | None):
+    """(locals' model, mlx-lm's model, label): the weights each side runs.
+
+    CPU, embedded model: locals runs dense f32 (its CPU path), mlx-lm the GGUF's
+    quantized weights as MLX loads them. With a random model both run the same weights.
+    """
+    from locals.engine import backend, gguf
+    from locals.engine.models import LoadedModel, embedded_gguf_path, load_model
+
+    if random_model in QWEN3_SHAPES:
+        shell = LoadedModel(model=None, tokenizer=byte_tokenizer(), name="", model_id="", vocab_size=0,
+                            context_length=0, tool_format="json_tools", tools_in_template=False,
+                            backend=backend.detect())
+        ours = random_qwen3(shell, random_model)
+        return ours, ours.model, f"{random_model} random 4-bit"
+    if random_model:
+        raise SystemExit(f"unknown --random-model {random_model!r}; known: {', '.join(QWEN3_SHAPES)}")
+    loaded = load_model("smollm2")
+    tensors, meta = gguf.read_gguf(embedded_gguf_path())
+    quantized, _ = gguf.build_model(tensors, gguf.model_args(meta, tensors), dense=False)
+    return loaded, quantized, "SmolLM2-135M (locals: dense f32; mlx-lm: GGUF Q4_1/Q8_0 as loaded)"
+
+
+def prompts(tokenizer, n: int, length: int, seed: int = 0) -> list[list[int]]:
+    """`n` distinct prompts of exactly `length` tokens (chat-formatted questions, padded with text)."""
+    rng = random.Random(seed)
+    topics = ["the sea", "a city at night", "compilers", "bread", "a lighthouse", "winter", "trains",
+              "a garden", "the moon", "old computers", "rivers", "chess", "a library", "storms"]
+    out = []
+    for i in range(n):
+        text = f"Write a long story about {rng.choice(topics)} and {rng.choice(topics)} (#{i})."
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        filler = tokenizer.encode(" Tell it slowly, with many details.", add_special_tokens=False)
+        while len(ids) < length:
+            ids += filler
+        out.append(ids[:length])
+    return out

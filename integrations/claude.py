@@ -1,0 +1,78 @@
+"""Claude Code (`@anthropic-ai/claude-code`) through locals' Anthropic Messages API.
+
+Everything is injected as environment (base URL, bearer token, every model slot); the
+one thing Claude Code only reads from its own file is `hasCompletedOnboarding` in
+~/.claude.json: without it the first run stops at a login screen, so a launch sets it
+(backed up and undone by `locals disconnect claude`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from integrations.base import API_KEY, ConfigChange, LaunchContext, Tool, register
+
+MODEL_SLOTS = (
+    "ANTHROPIC_MODEL",
+    "ANTHROPIC_DEFAULT_OPUS_MODEL",
+    "ANTHROPIC_DEFAULT_SONNET_MODEL",
+    "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+    "ANTHROPIC_SMALL_FAST_MODEL",
+    "CLAUDE_CODE_SUBAGENT_MODEL",
+)
+
+
+def global_state_file() -> Path:
+    """Claude Code's own state file (it moves with CLAUDE_CONFIG_DIR)."""
+    folder = os.environ.get("CLAUDE_CONFIG_DIR")
+    return Path(folder) / ".claude.json" if folder else Path.home() / ".claude.json"
+
+
+@register
+class Claude(Tool):
+    name = "claude"
+    title = "Claude Code"
+    executable = "claude"
+    install = "npm install -g @anthropic-ai/claude-code"
+    api = "Anthropic Messages"
+    context_wanted = 32768
+
+    def env(self, ctx: LaunchContext) -> dict[str, str | None]:
+        window = ctx.context_window(self.context_wanted)
+        env: dict[str, str | None] = {
+            "ANTHROPIC_BASE_URL": ctx.base_url,
+            # A bearer token needs no interactive "use this API key?" approval; an
+            # inherited ANTHROPIC_API_KEY would take precedence, so it is dropped.
+            "ANTHROPIC_AUTH_TOKEN": API_KEY,
+            "ANTHROPIC_API_KEY": None,
+            "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(window),
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(min(8192, window // 4)),
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "DISABLE_AUTOUPDATER": "1",
+        }
+        env.update({slot: ctx.model for slot in MODEL_SLOTS})
+        return env
+
+    def command(self, ctx: LaunchContext, args: list[str]) -> list[str]:
+        if ctx.task:  # the prompt first: a variadic flag among `args` would swallow it
+            return [self.executable, "-p", ctx.task, *args]
+        return [self.executable, *args]
+
+    def configure(self, ctx: LaunchContext) -> list[ConfigChange]:
+        path = global_state_file()
+        try:
+            done = json.loads(path.read_text()).get("hasCompletedOnboarding") is True
+        except (OSError, ValueError, AttributeError):
+            done = False
+        if done:
+            return []
+        return [ConfigChange(path, {("hasCompletedOnboarding",): True}, "skips the first-run login screen")]
+
+    def setup_values(self, ctx: LaunchContext) -> list[ConfigChange]:
+        settings = Path(os.environ.get("CLAUDE_CONFIG_DIR") or Path.home() / ".claude") / "settings.json"
+        values = {("env", key): value for key, value in self.env(ctx).items() if value is not None}
+        return [ConfigChange(settings, values, "points plain `claude` at locals")]

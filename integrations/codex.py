@@ -1,0 +1,58 @@
+"""Codex CLI (`@openai/codex`): a `locals` model provider on the Responses API.
+
+A launch passes the provider as `-c` overrides (nothing written to ~/.codex);
+`locals setup codex` writes the same table into ~/.codex/config.toml.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from integrations.base import API_KEY, ConfigChange, LaunchContext, Tool, register
+
+KEY_ENV = "LOCALS_API_KEY"
+
+
+@register
+class Codex(Tool):
+    name = "codex"
+    title = "Codex CLI"
+    executable = "codex"
+    install = "npm install -g @openai/codex"
+    api = "OpenAI Responses"
+    context_wanted = 32768
+
+    def provider(self, ctx: LaunchContext) -> dict[str, str]:
+        return {"name": "locals", "base_url": ctx.v1, "wire_api": "responses", "env_key": KEY_ENV}
+
+    def env(self, ctx: LaunchContext) -> dict[str, str | None]:
+        return {KEY_ENV: API_KEY}
+
+    def overrides(self, ctx: LaunchContext) -> list[str]:
+        """`-c key=value` pairs; values are TOML, and a JSON string is a valid TOML string."""
+        pairs = {"model_provider": "locals", "model": ctx.model,
+                 "model_context_window": ctx.context_window(self.context_wanted)}
+        pairs.update({f"model_providers.locals.{k}": v for k, v in self.provider(ctx).items()})
+        argv: list[str] = []
+        for key, value in pairs.items():
+            argv += ["-c", f"{key}={json.dumps(value)}"]
+        return argv
+
+    def command(self, ctx: LaunchContext, args: list[str]) -> list[str]:
+        if ctx.task:
+            return [self.executable, "exec", "--skip-git-repo-check", "-C", str(ctx.workdir),
+                    *self.overrides(ctx), *args, ctx.task]
+        return [self.executable, "-C", str(ctx.workdir), *self.overrides(ctx), *args]
+
+    def setup_values(self, ctx: LaunchContext) -> list[ConfigChange]:
+        home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
+        provider = {k: v for k, v in self.provider(ctx).items() if k != "env_key"}
+        values = {
+            ("model_provider",): "locals",
+            ("model",): ctx.model,
+            ("model_context_window",): ctx.context_window(self.context_wanted),
+            ("model_providers", "locals"): provider,
+        }
+        return [ConfigChange(home / "config.toml", values, "makes locals Codex's model provider")]

@@ -1,0 +1,263 @@
+"""Change a tool's own config file so it can be given back: backup, manifest, key-level undo.
+
+`apply` records, per file, whether it existed, its hash before, the hash we wrote and
+each key's previous value. `revert` restores the backup byte for byte when the file is
+still what we wrote; when the user edited it since, it undoes only our keys. JSON(C),
+TOML and YAML are edited without losing the user's comments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
+
+from integrations import jsonc
+from locals.config import config_dir
+from locals.errors import LocalsError
+
+MISSING = jsonc.MISSING
+KeyPath = tuple[str, ...]
+
+
+class ConfigFileError(LocalsError):
+    """A tool config file that cannot be read, parsed or written."""
+
+
+def fmt_of(path: Path) -> str:
+    """The edit format for a file name: json (also .jsonc), toml or yaml."""
+    suffix = path.suffix.lower()
+    if suffix in (".json", ".jsonc"):
+        return "json"
+    if suffix == ".toml":
+        return "toml"
+    if suffix in (".yaml", ".yml"):
+        return "yaml"
+    raise ConfigFileError(f"{path}: unsupported config format {suffix!r}")
+
+
+def get_value(text: str, fmt: str, path: KeyPath) -> Any:
+    """The value at `path` in a document, or MISSING."""
+    if fmt == "json":
+        return jsonc.get(text, path)
+    node: Any = _load_structured(text, fmt)
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return MISSING
+        node = node[key]
+    return _plain(node)
+
+
+def set_value(text: str, fmt: str, path: KeyPath, value: Any) -> str:
+    """The document with `path` set, creating parent tables/objects; comments kept."""
+    if fmt == "json":
+        return jsonc.set_value(text, path, value)
+    doc = _load_structured(text, fmt)
+    node = doc
+    for key in path[:-1]:
+        if not isinstance(node.get(key), dict):
+            node[key] = tomlkit.table() if fmt == "toml" else CommentedMap()
+        node = node[key]
+    node[path[-1]] = value
+    return _dump_structured(doc, fmt)
+
+
+def delete_value(text: str, fmt: str, path: KeyPath) -> str:
+    """The document without `path`; parents we leave empty are removed too."""
+    if fmt == "json":
+        return jsonc.delete(text, path)
+    doc = _load_structured(text, fmt)
+    parents = [doc]
+    for key in path[:-1]:
+        nxt = parents[-1].get(key)
+        if not isinstance(nxt, dict):
+            return text
+        parents.append(nxt)
+    parents[-1].pop(path[-1], None)
+    for depth in range(len(path) - 1, 0, -1):
+        if len(parents[depth]) == 0:
+            parents[depth - 1].pop(path[depth - 1], None)
+    return _dump_structured(doc, fmt)
+
+
+def _yaml() -> YAML:
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    yaml.indent(mapping=2, sequence=4, offset=2)
+    return yaml
+
+
+def _load_structured(text: str, fmt: str) -> Any:
+    try:
+        if fmt == "toml":
+            return tomlkit.parse(text)
+        doc = _yaml().load(text) if text.strip() else None
+        return doc if doc is not None else CommentedMap()
+    except Exception as exc:  # tomlkit and ruamel raise their own parse error types
+        raise ConfigFileError(f"cannot parse the {fmt.upper()} document: {exc}") from exc
+
+
+def _dump_structured(doc: Any, fmt: str) -> str:
+    if fmt == "toml":
+        return tomlkit.dumps(doc)
+    out = io.StringIO()
+    _yaml().dump(doc, out)
+    return out.getvalue()
+
+
+def _plain(node: Any) -> Any:
+    """tomlkit/ruamel containers as plain Python values (for comparisons and the manifest)."""
+    if hasattr(node, "unwrap"):
+        return node.unwrap()
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    return node
+
+
+# ---- manifest -------------------------------------------------------------------------
+
+
+@dataclass
+class KeyRecord:
+    path: list[str]
+    written: Any
+    before: Any = None
+    existed_before: bool = False
+
+
+@dataclass
+class FileRecord:
+    """One file we changed for one tool."""
+
+    tool: str
+    path: str
+    format: str
+    existed: bool
+    hash_before: str | None
+    hash_written: str
+    backup: str | None
+    keys: list[KeyRecord] = field(default_factory=list)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest_path() -> Path:
+    return config_dir() / "setup-manifest.json"
+
+
+def load_manifest() -> list[FileRecord]:
+    try:
+        raw = json.loads(manifest_path().read_text())
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise ConfigFileError(f"{manifest_path()}: unreadable manifest ({exc}); move it aside") from exc
+    records = []
+    for item in raw.get("files", []):
+        keys = [KeyRecord(**k) for k in item.pop("keys", [])]
+        records.append(FileRecord(**item, keys=keys))
+    return records
+
+
+def _save_manifest(records: list[FileRecord]) -> None:
+    path = manifest_path()
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"version": 1, "files": [asdict(r) for r in records]}, indent=2))
+    tmp.replace(path)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.locals-tmp")
+    tmp.write_bytes(data)
+    if path.exists():
+        shutil.copymode(path, tmp)
+    os.replace(tmp, path)
+
+
+def _backup(tool: str, path: Path, data: bytes) -> str:
+    folder = config_dir() / "backups" / tool
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{path.name}"
+    target.write_bytes(data)
+    return str(target)
+
+
+def apply(tool: str, path: Path, values: dict[KeyPath, Any]) -> FileRecord:
+    """Set `values` in `path` for `tool`, backing the file up and recording the change."""
+    path = path.expanduser().resolve()
+    fmt = fmt_of(path)
+    records = load_manifest()
+    record = next((r for r in records if r.tool == tool and r.path == str(path)), None)
+    existed = path.exists()
+    try:
+        original = path.read_bytes() if existed else b""
+        text = original.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigFileError(f"{path}: cannot read it ({exc})") from exc
+    if record is None:
+        record = FileRecord(tool, str(path), fmt, existed, _sha(original) if existed else None, "",
+                            _backup(tool, path, original) if existed else None)
+        records.append(record)
+    known = {tuple(k.path): k for k in record.keys}
+    for key_path, value in values.items():
+        if key_path not in known:  # a second setup keeps the value from before the first
+            before = get_value(text, fmt, key_path) if text.strip() else MISSING
+            known[key_path] = KeyRecord(list(key_path), value, None if before is MISSING else before,
+                                        before is not MISSING)
+        known[key_path].written = value
+        text = set_value(text, fmt, key_path, value)
+    record.keys = list(known.values())
+    data = text.encode("utf-8")
+    _write_atomic(path, data)
+    record.hash_written = _sha(data)
+    _save_manifest(records)
+    return record
+
+
+def revert(tool: str) -> list[tuple[str, str]]:
+    """Undo every change recorded for `tool`; returns (path, what was done) pairs."""
+    records = load_manifest()
+    mine = [r for r in records if r.tool == tool]
+    done = [(r.path, _revert_file(r)) for r in mine]
+    _save_manifest([r for r in records if r.tool != tool])
+    return done
+
+
+def _revert_file(record: FileRecord) -> str:
+    path = Path(record.path)
+    if not path.exists():
+        return "already removed"
+    current = path.read_bytes()
+    if _sha(current) == record.hash_written:
+        if record.existed and record.backup and Path(record.backup).exists():
+            _write_atomic(path, Path(record.backup).read_bytes())
+            return "restored from backup"
+        if not record.existed:
+            path.unlink()
+            return "removed (locals created it)"
+    text = current.decode("utf-8")
+    for key in record.keys:
+        key_path = tuple(key.path)
+        if get_value(text, record.format, key_path) != key.written:
+            continue  # the user changed this key since: it is theirs now
+        if key.existed_before:
+            text = set_value(text, record.format, key_path, key.before)
+        else:
+            text = delete_value(text, record.format, key_path)
+    _write_atomic(path, text.encode("utf-8"))
+    return "removed locals' settings (the file was edited since setup)"

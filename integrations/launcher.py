@@ -1,0 +1,77 @@
+"""Turn a tool and a running server into a launch: config changes, prep commands, argv, env.
+
+`plan()` decides everything without side effects (tests inspect it); `apply_changes()`
+writes the tool's own files through configfiles (backup + manifest); `execute()` runs
+the prep commands and replaces this process with the tool.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from integrations import configfiles
+from integrations.base import ConfigChange, LaunchContext, Tool
+from locals.errors import LocalsError
+
+
+@dataclass
+class LaunchPlan:
+    tool: Tool
+    argv: list[str]
+    env: dict[str, str]
+    changes: list[ConfigChange] = field(default_factory=list)
+    prepare: list[list[str]] = field(default_factory=list)
+
+
+def check_runnable(tool: Tool) -> None:
+    """Raise with the install command or the missing runtime when the tool cannot run."""
+    found = tool.detect()
+    if not found.installed:
+        raise LocalsError(f"{tool.title} is not installed; install it with `{tool.install}`")
+    if found.problem:
+        raise LocalsError(f"{tool.title} {found.problem}; install a newer one, then try again")
+
+
+def check_context(tool: Tool, ctx: LaunchContext) -> None:
+    """Raise when the served model's window is shorter than the tool accepts."""
+    if tool.min_context and ctx.context_length and ctx.context_length < tool.min_context:
+        raise LocalsError(
+            f"{tool.title} needs a model with at least {tool.min_context:,} tokens of context; "
+            f"{ctx.model} has {ctx.context_length:,}. Start locals with a larger model "
+            f"(`locals launch {tool.name} --model qwen`)"
+        )
+
+
+def plan(tool: Tool, ctx: LaunchContext, args: list[str], base_env: dict[str, str] | None = None) -> LaunchPlan:
+    env = dict(os.environ if base_env is None else base_env)
+    for key, value in tool.env(ctx).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return LaunchPlan(tool, tool.command(ctx, list(args)), env, tool.configure(ctx), tool.prepare(ctx))
+
+
+def apply_changes(tool: Tool, changes: list[ConfigChange]) -> list[tuple[Path, str]]:
+    """Write each change with backup + manifest; returns (file, why) for the user."""
+    done = []
+    for change in changes:
+        configfiles.apply(tool.name, change.path, change.values)
+        done.append((change.path, change.why))
+    return done
+
+
+def execute(launch: LaunchPlan, cwd: Path) -> None:
+    """Run the prep commands, then exec the tool (does not return on success)."""
+    for argv in launch.prepare:
+        result = subprocess.run(argv, env=launch.env, cwd=cwd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise LocalsError(f"`{' '.join(argv[:3])} …` failed: {(result.stderr or result.stdout).strip()[:300]}")
+    os.chdir(cwd)
+    try:
+        os.execvpe(launch.argv[0], launch.argv, launch.env)
+    except OSError as exc:
+        raise LocalsError(f"cannot start {launch.argv[0]}: {exc.strerror}") from exc

@@ -1,0 +1,127 @@
+"""`locals start`, `serve`, `stop` and `status`: the server in the background or foreground."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from locals import daemon
+from locals.cli.common import console, console_err, prepare_model_process
+from locals.config import DEFAULT_HOST, load_remembered
+from locals.errors import LocalsError
+
+MODEL_HELP = "Alias (qwen, lfm, smollm2…), Hugging Face repo id or local folder."
+
+
+def start(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    port: Optional[int] = typer.Option(None, "--port", "-p", help="Port (default: the last one, else 8321)."),
+    timeout: float = typer.Option(daemon.START_TIMEOUT_S, "--timeout", help="Seconds to wait for the model."),
+) -> None:
+    """Start the server in the background and wait until the model is loaded."""
+    phase = {"text": "starting the server…"}
+
+    def on_wait(body: dict | None) -> None:
+        if body and body.get("status") == "loading":
+            phase["text"] = f"loading {body.get('model')}…"
+        spinner.update(phase["text"])
+
+    t0 = time.monotonic()
+    try:
+        with console_err.status(phase["text"], spinner="dots") as spinner:
+            url = daemon.start(model, port, timeout=timeout, on_wait=on_wait)
+    except daemon.AlreadyRunning as exc:
+        console.print(str(exc))
+        return
+    body = daemon.health(port) or {}
+    console.print(f"locals is serving [bold]{body.get('model', model)}[/bold] at {url} "
+                  f"(ready in {time.monotonic() - t0:.1f} s)")
+    console.print(f"[dim]OpenAI: {url}/v1 · Anthropic: {url} · Ollama: {url} · dashboard: {url}/[/dim]")
+
+
+def serve(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    host: str = typer.Option(DEFAULT_HOST, "--host", help="Address to bind; non-loopback needs --allow-remote."),
+    port: int = typer.Option(8321, "--port", "-p", help="Port to listen on."),
+    allow_remote: bool = typer.Option(False, "--allow-remote", help="Accept requests from other machines."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LOCALS_API_KEY",
+                                          help="Require this key (Bearer or x-api-key)."),
+    max_body_mb: int = typer.Option(32, "--max-body-mb", help="Largest request body accepted."),
+    log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
+) -> None:
+    """Run the server in the foreground (takes mlx_lm.server's --model/--host/--port)."""
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        raise LocalsError(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+    prepare_model_process()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from locals.server.run import serve as run_server
+
+    try:
+        run_server(model, host, port, api_key=api_key, allow_remote=allow_remote,
+                   max_body_mb=max_body_mb, on_bound=lambda _: daemon.mark_serving(port, host, model))
+    finally:
+        daemon.unmark_serving(port)
+
+
+def stop(port: Optional[int] = typer.Option(None, "--port", "-p", help="Port (default: the remembered one).")) -> None:
+    """Stop the background server."""
+    port = port or load_remembered().port
+    if daemon.stop(port):
+        console.print(f"stopped locals on port {port}")
+    else:
+        console.print(f"locals is not running on port {port}")
+
+
+def _size(n: float) -> str:
+    return f"{n / (1 << 30):.2f} GB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MB"
+
+
+def _uptime(s: float) -> str:
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h"
+
+
+def status(
+    port: Optional[int] = typer.Option(None, "--port", "-p", help="Port (default: the remembered one)."),
+    logs: bool = typer.Option(False, "--logs", help="Print the end of the server log instead."),
+    lines: int = typer.Option(40, "--lines", "-n", help="Log lines to print with --logs."),
+) -> None:
+    """Show what the server is doing: model, memory, uptime, requests, speed, cache hits."""
+    port = port or load_remembered().port
+    if logs:
+        path = daemon.log_path(port)
+        if not path.exists():
+            raise LocalsError(f"no log at {path}: the server on port {port} was never started with `locals start`")
+        console.print(f"[dim]{path}[/dim]")
+        typer.echo(daemon.log_tail(port, lines))
+        return
+    snap = daemon.status(port)
+    if snap is None:
+        raise LocalsError(f"locals is not running on port {port}; run `locals start`")
+    table = Table(show_header=False, box=None)
+    table.add_row("model", f"{snap['model']} ({snap['status']})")
+    table.add_row("address", daemon.base_url(port))
+    table.add_row("uptime", _uptime(snap["uptime_s"]))
+    table.add_row("memory", _size(snap["memory_rss_bytes"]))
+    engine, reqs = snap.get("engine"), snap.get("requests")
+    if engine and reqs:
+        table.add_row("requests", f"{reqs['total']} total, {reqs['in_flight']} in flight "
+                                  f"({engine['running']} running, {engine['waiting']} queued)")
+        table.add_row("speed", f"{engine['decode_tokens_per_s']:.1f} tok/s decode, "
+                               f"{engine['prefill_tokens_per_s']:.0f} tok/s prompt")
+        table.add_row("cache hits", f"{engine['cached_tokens_total']} of {engine['prompt_tokens_total']} "
+                                    "prompt tokens served from the prefix cache")
+        table.add_row("KV cache", _size(engine["kv_bytes"]) +
+                      (f" of {_size(engine['kv_budget_bytes'])}" if engine["kv_budget_bytes"] else ""))
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(start)
+    app.command()(serve)
+    app.command()(stop)
+    app.command()(status)

@@ -1,0 +1,115 @@
+"""`locals tune`: verify and time the small-batch kernels on this chip, and show what was chosen.
+
+The work happens in locals.engine.kernels.tuning; this module parses options, picks the
+problems (a model's quantized layers or explicit shapes) and prints the table.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from locals.cli.common import console, console_err, load_with_spinner, prepare_model_process
+from locals.errors import LocalsError
+
+
+def _parse_rows(text: str) -> list[int]:
+    lo, sep, hi = text.partition("-")
+    try:
+        rows = list(range(int(lo), int(hi if sep else lo) + 1))
+    except ValueError:
+        rows = []
+    if not rows or rows[0] < 1 or rows[-1] > 16:
+        raise LocalsError(f"--rows {text!r}: give a count or a range within 1-16, e.g. 1-16 or 4")
+    return rows
+
+
+def _parse_shape(text: str, bits: int, group_size: int, dtype: str):
+    from locals.engine.kernels.tuning import Problem
+
+    try:
+        n, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise LocalsError(f"--shape {text!r}: write it as OUTxIN, e.g. 9728x2560") from None
+    if n < 1 or k < group_size or k % group_size:
+        raise LocalsError(f"--shape {text!r}: IN must be a positive multiple of the group size ({group_size})")
+    return Problem(n, k, bits, group_size, dtype)
+
+
+def _spans(choices: dict[str, str]) -> list[tuple[str, str]]:
+    """Row counts grouped into runs with the same choice: [("1", "mlx"), ("2-7", "cuda-…")]."""
+    runs: list[list] = []
+    for rows in sorted(choices, key=int):
+        if runs and runs[-1][2] == choices[rows] and int(rows) == runs[-1][1] + 1:
+            runs[-1][1] = int(rows)
+        else:
+            runs.append([int(rows), int(rows), choices[rows]])
+    return [(f"{a}" if a == b else f"{a}-{b}", name) for a, b, name in runs]
+
+
+def print_table(table) -> None:
+    """The choices per problem and row span, with the median speed-up over MLX's op."""
+    from locals.engine.kernels.tuning import MLX_OP
+
+    out = Table(title=f"{table.chip} · MLX {table.mlx}" + ("" if table.complete else " · incomplete"))
+    for col in ("layer shape", "rows", "kernel", "vs MLX"):
+        out.add_column(col)
+    for key, choices in sorted(table.choices.items()):
+        timings = table.timings_us.get(key, {})
+        for span, name in _spans(choices):
+            lo, _, hi = span.partition("-")
+            gains = [timings[str(m)][MLX_OP] / timings[str(m)][name]
+                     for m in range(int(lo), int(hi or lo) + 1) if name in timings.get(str(m), {})]
+            gain = f"x{sorted(gains)[len(gains) // 2]:.2f}" if gains and name != MLX_OP else "-"
+            out.add_row(key, span, name, gain)
+    console.print(out)
+    for name, reason in sorted(table.rejected.items()):
+        console.print(f"[yellow]rejected[/yellow] {name}: {reason}")
+
+
+def tune(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Tune this model's quantized layers."),
+    shape: Optional[list[str]] = typer.Option(None, "--shape", help="Tune an OUTxIN layer shape instead (repeatable)."),
+    bits: int = typer.Option(4, "--bits", help="Quantization bits for --shape (4 or 8)."),
+    group_size: int = typer.Option(64, "--group-size", help="Quantization group size for --shape."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype for --shape."),
+    rows: str = typer.Option("1-16", "--rows", help="Batch rows to tune, e.g. 1-16."),
+    rounds: int = typer.Option(7, "--rounds", help="Interleaved timing rounds per choice."),
+    fresh: bool = typer.Option(False, "--fresh", help="Forget earlier results for this chip first."),
+    report: bool = typer.Option(False, "--report", help="Only show what is stored for this chip."),
+) -> None:
+    """Verify every candidate kernel on this chip, time it per layer shape and batch size, keep the fastest."""
+    from locals.engine.kernels.tuning import load_table, model_problems, save_table
+    from locals.engine.kernels.tuning import tune as run_tuning
+
+    if report:
+        table = load_table()
+        if table is None:
+            raise LocalsError("this chip has no tuning results for this MLX version; run `locals tune`")
+        print_table(table)
+        return
+    if bits not in (4, 8) or dtype not in ("bfloat16", "float16", "float32"):
+        raise LocalsError("--bits must be 4 or 8 and --dtype one of bfloat16, float16, float32")
+    row_list = _parse_rows(rows)
+    if shape:
+        problems = [_parse_shape(s, bits, group_size, dtype) for s in shape]
+    else:
+        prepare_model_process()
+        problems = model_problems(load_with_spinner(model).model)
+        if not problems:
+            console.print("This model has no quantized layers on this device (the CPU backend runs dense "
+                          "weights), so there is nothing to tune: MLX's own ops are used.")
+            return
+    table = None if fresh else load_table()
+    with console_err.status("verifying and timing kernels…", spinner="dots") as status:
+        table = run_tuning(problems, rows=row_list, table=table, rounds=rounds,
+                           progress=lambda msg: status.update(msg))
+    path = save_table(table)
+    print_table(table)
+    console_err.print(f"[dim]saved to {path}[/dim]")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(tune)

@@ -1,0 +1,368 @@
+"""Runs the server in the background and finds it again: a launchd agent on macOS, a systemd
+user unit on Linux when a user manager runs, else a detached process; a JSON record per
+port in the state dir says how it was started and its pid.
+
+Public API (used by the CLI, the runner and the integrations): `ensure_running`, `start`,
+`stop`, `is_running`, `health`, `status`. Nothing here imports the engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import plistlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from locals.config import (DEFAULT_HOST, Remembered, load_remembered, log_dir, save_remembered,
+                           state_dir)
+from locals.errors import LocalsError
+
+START_TIMEOUT_S = 900  # first start may download a model
+LOG_ROTATE_BYTES = 20 << 20
+# Environment a service manager must pass on (it does not inherit the caller's).
+PASSED_ENV = ("LOCALS_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT",
+              "XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "PATH", "LD_PRELOAD")
+
+
+class AlreadyRunning(LocalsError):
+    """`locals start` while a server already answers on that port."""
+
+
+@dataclass
+class ServerRecord:
+    """How the server on one port was started (mode: process, systemd, launchd, foreground)."""
+
+    port: int
+    host: str = DEFAULT_HOST
+    model: str | None = None
+    mode: str = "process"
+    pid: int | None = None
+    log: str = ""
+    started: float = field(default_factory=time.time)
+
+    @property
+    def unit(self) -> str:
+        return f"locals-{self.port}"
+
+    @property
+    def label(self) -> str:
+        return f"dev.locals.server.{self.port}"
+
+
+def _record_path(port: int) -> Path:
+    return state_dir() / f"server-{port}.json"
+
+
+def read_record(port: int) -> ServerRecord | None:
+    try:
+        data = json.loads(_record_path(port).read_text())
+        return ServerRecord(**{k: v for k, v in data.items() if k in ServerRecord.__dataclass_fields__})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write_record(record: ServerRecord) -> None:
+    path = _record_path(record.port)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(record)))
+    tmp.replace(path)
+
+
+def remove_record(port: int) -> None:
+    _record_path(port).unlink(missing_ok=True)
+
+
+def mark_serving(port: int, host: str, model: str | None) -> None:
+    """Called by the server process once it listens: records its pid (keeps the mode the
+    daemon wrote; a server started by hand is "foreground")."""
+    record = read_record(port)
+    if record is None or (record.pid and record.pid != os.getpid() and _alive(record.pid)):
+        record = ServerRecord(port=port, host=host, model=model, mode="foreground",
+                              log=str(log_path(port)))
+    record.pid = os.getpid()
+    write_record(record)
+
+
+def unmark_serving(port: int) -> None:
+    record = read_record(port)
+    if record is not None and record.pid == os.getpid():
+        remove_record(port)
+
+
+def log_path(port: int) -> Path:
+    return log_dir() / f"server-{port}.log"
+
+
+def base_url(port: int, host: str = DEFAULT_HOST) -> str:
+    return f"http://{host}:{port}"
+
+
+def _get_json(url: str, timeout: float) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:  # 503 while loading still carries the JSON
+        try:
+            return json.loads(exc.read())
+        except ValueError:
+            return None
+    except (OSError, ValueError):
+        return None
+
+
+def health(port: int | None = None, host: str | None = None, timeout: float = 2.0) -> dict | None:
+    """/health of the locals server on `port` (status ok/loading/failed), None if none answers."""
+    remembered = load_remembered()
+    body = _get_json(f"{base_url(port or remembered.port, host or DEFAULT_HOST)}/health", timeout)
+    return body if isinstance(body, dict) and body.get("service") == "locals" else None
+
+
+def is_running(port: int | None = None) -> bool:
+    return health(port) is not None
+
+
+def status(port: int | None = None) -> dict | None:
+    """Everything the server reports about itself (/v1/locals/status), None if not running."""
+    port = port or load_remembered().port
+    return _get_json(f"{base_url(port)}/v1/locals/status", timeout=5.0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _is_our_server(pid: int) -> bool:
+    """True if `pid` runs `locals serve` (pids get reused; never signal a stranger)."""
+    try:
+        cmd = " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+    return "locals" in cmd and "serve" in cmd
+
+
+# --- how to launch --------------------------------------------------------------------------
+
+def service_manager() -> str:
+    """"launchd" on macOS, "systemd" where a user manager runs, else "process"."""
+    if sys.platform == "darwin" and shutil.which("launchctl"):
+        return "launchd"
+    if sys.platform.startswith("linux") and shutil.which("systemd-run") and shutil.which("systemctl"):
+        try:
+            state = subprocess.run(["systemctl", "--user", "is-system-running"], capture_output=True,
+                                   text=True, timeout=5).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            state = ""
+        if state in ("running", "degraded"):
+            return "systemd"
+    return "process"
+
+
+def _server_command(model: str | None, port: int, host: str) -> list[str]:
+    cmd = [sys.executable, "-m", "locals", "serve", "--port", str(port), "--host", host]
+    return cmd + (["--model", model] if model else [])
+
+
+def _passed_env() -> dict[str, str]:
+    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    env["PYTHONUNBUFFERED"] = "1"  # log lines reach the file as they happen
+    return env
+
+
+def _rotate(log: Path) -> None:
+    if log.exists() and log.stat().st_size > LOG_ROTATE_BYTES:
+        log.replace(log.with_suffix(".log.1"))
+
+
+def _launch_process(record: ServerRecord, cmd: list[str]) -> subprocess.Popen:
+    with open(record.log, "ab") as out:
+        # A new session: the server outlives this terminal and ignores its Ctrl-C.
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True,
+                                env={**os.environ, **_passed_env()})
+    record.pid = proc.pid
+    return proc
+
+
+def _launch_systemd(record: ServerRecord, cmd: list[str]) -> None:
+    subprocess.run(["systemctl", "--user", "reset-failed", record.unit], capture_output=True)
+    args = ["systemd-run", "--user", f"--unit={record.unit}", "--collect", "--quiet",
+            f"--property=StandardOutput=append:{record.log}",
+            f"--property=StandardError=append:{record.log}"]
+    args += [f"--setenv={k}={v}" for k, v in _passed_env().items()]
+    done = subprocess.run(args + cmd, capture_output=True, text=True)
+    if done.returncode:
+        raise LocalsError(f"systemd-run failed: {done.stderr.strip()}")
+
+
+def _plist_path(record: ServerRecord) -> Path:
+    return Path.home() / "Library" / "LaunchAgents" / f"{record.label}.plist"
+
+
+def _launch_launchd(record: ServerRecord, cmd: list[str]) -> None:
+    path = _plist_path(record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(plistlib.dumps({
+        "Label": record.label, "ProgramArguments": cmd, "RunAtLoad": True, "KeepAlive": False,
+        "EnvironmentVariables": _passed_env(), "StandardOutPath": record.log,
+        "StandardErrorPath": record.log, "ProcessType": "Interactive"}))
+    domain = f"gui/{os.getuid()}"
+    subprocess.run(["launchctl", "bootout", f"{domain}/{record.label}"], capture_output=True)
+    done = subprocess.run(["launchctl", "bootstrap", domain, str(path)], capture_output=True, text=True)
+    if done.returncode:
+        raise LocalsError(f"launchctl bootstrap failed: {done.stderr.strip()}")
+
+
+def _unload_service(record: ServerRecord) -> None:
+    if record.mode == "systemd":
+        subprocess.run(["systemctl", "--user", "stop", record.unit], capture_output=True)
+    elif record.mode == "launchd":
+        subprocess.run(["launchctl", "bootout", f"gui/{os.getuid()}/{record.label}"], capture_output=True)
+        _plist_path(record).unlink(missing_ok=True)
+
+
+# --- start / stop ---------------------------------------------------------------------------
+
+def log_tail(port: int, lines: int = 20) -> str:
+    try:
+        return "\n".join(log_path(port).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _clear_stale(port: int) -> None:
+    """A record whose server no longer answers: kill a hung one of ours, then forget it."""
+    record = read_record(port)
+    if record is None:
+        return
+    _unload_service(record)
+    if record.pid and _alive(record.pid) and _is_our_server(record.pid):
+        _terminate(record.pid, timeout=10)
+    remove_record(port)
+
+
+def start(model: str | None = None, port: int | None = None, host: str | None = None, *,
+          timeout: float = START_TIMEOUT_S, on_wait: Callable[[dict | None], None] | None = None) -> str:
+    """Start the server in the background and wait until it serves; returns its base URL.
+    Raises AlreadyRunning if one answers on the port already."""
+    remembered = load_remembered()
+    port = port or remembered.port
+    host = host or remembered.host or DEFAULT_HOST
+    url = base_url(port, host)
+    running = health(port, host)
+    if running is not None:
+        raise AlreadyRunning(f"locals is already running at {url} with {running.get('model')}; "
+                             "run `locals stop` first to change the model or port")
+    _clear_stale(port)
+    record = ServerRecord(port=port, host=host, model=model, mode=service_manager(),
+                          log=str(log_path(port)))
+    _rotate(Path(record.log))
+    cmd = _server_command(model, port, host)
+    proc = None
+    if record.mode == "systemd":
+        _launch_systemd(record, cmd)
+    elif record.mode == "launchd":
+        _launch_launchd(record, cmd)
+    else:
+        proc = _launch_process(record, cmd)
+    write_record(record)
+    try:
+        _wait_healthy(port, host, timeout, record, proc, on_wait)
+    except BaseException:
+        stop(port)  # never leave a half-started server behind
+        raise
+    save_remembered(Remembered(model=model, port=port, host=host))
+    return url
+
+
+def _wait_healthy(port: int, host: str, timeout: float, record: ServerRecord,
+                  proc: subprocess.Popen | None, on_wait) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = health(port, host, timeout=1.0)
+        if body and body.get("status") == "ok":
+            return
+        if on_wait:
+            on_wait(body)
+        if _exited(record, proc, started=body is not None):
+            raise LocalsError(f"the server stopped while starting; the end of {record.log}:\n"
+                              f"{log_tail(port)}")
+        time.sleep(0.25)
+    raise LocalsError(f"the server did not become ready within {timeout:.0f} s; see {record.log}")
+
+
+def _exited(record: ServerRecord, proc: subprocess.Popen | None, started: bool) -> bool:
+    if proc is not None:
+        return proc.poll() is not None
+    pid = (read_record(record.port) or record).pid
+    if pid:
+        return not _alive(pid)
+    if record.mode == "systemd":
+        active = subprocess.run(["systemctl", "--user", "is-active", record.unit],
+                                capture_output=True, text=True).stdout.strip()
+        return active in ("failed", "inactive")
+    return False
+
+
+def _terminate(pid: int, timeout: float) -> None:
+    try:
+        proc = psutil.Process(pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout)
+    except psutil.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+    except psutil.Error:
+        pass
+
+
+def stop(port: int | None = None, timeout: float = 30) -> bool:
+    """Stop the server on `port` (default: the remembered one); False if none was running
+    (a stale record is removed all the same)."""
+    port = port or load_remembered().port
+    record = read_record(port)
+    body = health(port)
+    if record is None and body is None:
+        return False
+    if record is not None:
+        _unload_service(record)
+    pid = (record.pid if record else None) or (body or {}).get("pid")
+    ours = bool(pid and _alive(pid) and _is_our_server(pid))
+    if ours:
+        _terminate(pid, timeout)
+    remove_record(port)  # also forgets a stale record of a server that died
+    return ours or body is not None
+
+
+def ensure_running(model: str | None = None, port: int | None = None) -> str:
+    """The base URL of a running server with `model` (None: whichever runs, or the remembered
+    one), starting or restarting the daemon as needed and waiting until it serves."""
+    remembered = load_remembered()
+    port = port or remembered.port
+    body = health(port)
+    if body is not None and model:
+        record = read_record(port)
+        serving = {body.get("model"), record.model if record else None}
+        if model not in serving:
+            stop(port)
+            body = None
+    if body is None:
+        return start(model or remembered.model, port)
+    url = base_url(port)
+    if body.get("status") != "ok":
+        _wait_healthy(port, DEFAULT_HOST, START_TIMEOUT_S, read_record(port) or ServerRecord(port), None, None)
+    save_remembered(Remembered(model=model or remembered.model, port=port, host=remembered.host))
+    return url

@@ -1,0 +1,147 @@
+"""Compiling regexes into `CompiledIndex`es: cached in memory and on disk, built off-thread with a time limit.
+
+Keys are (outlines-core version, tokenizer fingerprint, regex). Compiles run on a small
+worker pool (outlines-core releases the GIL while it builds), so a request waits on its
+own compile without stalling the server, and a compile that runs past its limit becomes
+a RequestError naming the schema; it keeps running and lands in the cache for next time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
+from importlib.metadata import version
+
+import outlines_core
+
+from locals.config import cache_dir
+from locals.engine.constrain.index import CompiledIndex
+from locals.engine.constrain.vocab import TokenVocab
+from locals.errors import RequestError
+
+log = logging.getLogger(__name__)
+
+COMPILE_TIMEOUT_S = float(os.environ.get("LOCALS_CONSTRAINT_TIMEOUT", "20"))
+MEMORY_ENTRIES = 128
+_OUTLINES_VERSION = version("outlines_core")
+
+_memory: "OrderedDict[str, CompiledIndex]" = OrderedDict()
+_inflight: dict[str, Future] = {}
+_lock = threading.Lock()
+_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="locals-constrain")
+
+
+def cache_key(regex: str, vocab: TokenVocab) -> str:
+    text = f"{_OUTLINES_VERSION}\0{vocab.fingerprint}\0{regex}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _disk_path(key: str):
+    folder = cache_dir() / "constraint"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{key}.index"
+
+
+def _load_disk(key: str) -> outlines_core.Index | None:
+    try:
+        return pickle.loads(_disk_path(key).read_bytes())
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # a stale or torn file is rebuilt, never fatal
+        log.warning("ignoring unreadable constraint cache entry %s: %s", key, exc)
+        return None
+
+
+def _save_disk(key: str, index: outlines_core.Index) -> None:
+    path = _disk_path(key)
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(pickle.dumps(index))
+        tmp.replace(path)
+    except OSError as exc:
+        log.warning("could not write constraint cache entry %s: %s", key, exc)
+
+
+def _build(key: str, regex: str, vocab: TokenVocab) -> CompiledIndex:
+    index = _load_disk(key)
+    if index is None:
+        index = outlines_core.Index(regex, vocab.outlines_vocabulary())
+        _save_disk(key, index)
+    compiled = CompiledIndex(index, vocab)
+    with _lock:
+        _memory[key] = compiled
+        _memory.move_to_end(key)
+        while len(_memory) > MEMORY_ENTRIES:
+            _memory.popitem(last=False)
+        _inflight.pop(key, None)
+    return compiled
+
+
+def _cached(key: str) -> CompiledIndex | None:
+    with _lock:
+        hit = _memory.get(key)
+        if hit is not None:
+            _memory.move_to_end(key)
+        return hit
+
+
+def submit(regex: str, vocab: TokenVocab) -> Future:
+    """A future of the compiled regex (done at once on a memory hit; shared by concurrent callers)."""
+    key = cache_key(regex, vocab)
+    hit = _cached(key)
+    if hit is not None:
+        done: Future = Future()
+        done.set_result(hit)
+        return done
+    with _lock:
+        future = _inflight.get(key)
+        if future is None:
+            future = _pool.submit(_build, key, regex, vocab)
+            future.add_done_callback(lambda f, k=key: (f.cancelled() or f.exception()) and _forget(k))
+            _inflight[key] = future
+        return future
+
+
+def _forget(key: str) -> None:
+    with _lock:
+        _inflight.pop(key, None)
+
+
+def wait(future: Future, label: str, timeout: float | None = None) -> CompiledIndex:
+    """The compiled index, or RequestError naming `label` when it fails or takes too long."""
+    limit = COMPILE_TIMEOUT_S if timeout is None else timeout
+    try:
+        return future.result(timeout=limit)
+    except FutureTimeout:
+        raise RequestError(f"{label} takes too long to compile for constrained decoding "
+                           f"(over {limit:g} s); simplify it (fewer optional fields, shorter "
+                           "patterns or enums)") from None
+    except (ValueError, RuntimeError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise RequestError(f"{label} cannot be compiled for constrained decoding: {detail}") from None
+
+
+def compile_regex(regex: str, vocab: TokenVocab, label: str, timeout: float | None = None) -> CompiledIndex:
+    """Compile (or fetch from cache) `regex` for `vocab`, waiting at most `timeout` seconds."""
+    return wait(submit(regex, vocab), label, timeout)
+
+
+def compile_now(regex: str, vocab: TokenVocab, future: Future | None, label: str) -> CompiledIndex:
+    """Compile on the calling thread unless a worker already runs it (used when a request
+    needs this one next and queued prefetches must not delay it)."""
+    key = cache_key(regex, vocab)
+    if future is not None and (future.done() or not future.cancel()):
+        return wait(future, label)
+    _forget(key)
+    hit = _cached(key)
+    if hit is not None:
+        return hit
+    try:
+        return _build(key, regex, vocab)
+    except (ValueError, RuntimeError) as exc:
+        raise RequestError(f"{label} cannot be compiled for constrained decoding: {exc}") from None

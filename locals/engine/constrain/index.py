@@ -1,0 +1,175 @@
+"""One compiled automaton: an outlines-core Index plus its per-state bitmask table.
+
+Built once per (regex, tokenizer) and shared by every request using it; read-only after
+construction except for memo tables (forced text, closings), which are filled on demand
+and only ever hold values computed from the immutable Index. The device copy of the
+table is made lazily by the engine thread (the thread that owns MLX).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import mlx.core as mx
+import numpy as np
+import outlines_core
+
+from locals.engine.constrain.vocab import TokenVocab
+
+# Bound on the states a closing search visits (a closing is a few dozen bytes in practice).
+CLOSING_SEARCH_LIMIT = 50_000
+FORCED_TEXT_LIMIT = 256
+
+
+class CompiledIndex:
+    """An Index with a (rows, W) uint32 table: `row_of[state]` is the row of allowed tokens."""
+
+    def __init__(self, index: outlines_core.Index, vocab: TokenVocab):
+        self.index = index
+        self.vocab = vocab
+        self.initial = index.get_initial_state()
+        self.finals = frozenset(index.get_final_states())
+        transitions = index.get_transitions()
+        states = sorted(set(transitions) | self.finals | {self.initial})
+        eos = np.fromiter(vocab.eos_ids, dtype=np.int64)
+        bits = np.zeros((len(states), vocab.words * 32), dtype=bool)
+        self._text_states = set()
+        for row, state in enumerate(states):
+            tokens = np.fromiter(transitions.get(state, {}), dtype=np.int64)
+            tokens = tokens[tokens < vocab.width_tokens]
+            bits[row, tokens] = True
+            if vocab.eos_id in transitions.get(state, {}):
+                bits[row, eos] = True
+            if len(tokens) > int(vocab.eos_id in transitions.get(state, {})):
+                self._text_states.add(state)
+        packed = np.packbits(bits, axis=1, bitorder="little").view(np.uint32)
+        # Many states share one allowed set (e.g. inside strings): keep each row once.
+        self.rows, inverse = np.unique(packed, axis=0, return_inverse=True)
+        self.row_of = {state: int(r) for state, r in zip(states, inverse.reshape(-1))}
+        self._device = None
+        self._forced: dict[int, list[int]] = {}
+        self._closing: dict[int, bytes | None] = {}
+        self._closing_tokens: dict[int, list[int]] = {}
+
+    # -- per-step queries (O(1) after the first visit of a state) --
+
+    def device_rows(self) -> mx.array:
+        """The table on the device; created on first use by the calling (engine) thread."""
+        if self._device is None:
+            self._device = mx.array(self.rows)
+        return self._device
+
+    def mask(self, state: int) -> mx.array:
+        return self.device_rows()[self.row_of[state]]
+
+    def next_state(self, state: int, token: int) -> int | None:
+        """The state after `token`, or None when `token` is not allowed (EOS ids count as one)."""
+        if token in self.vocab.eos_ids:
+            token = self.vocab.eos_id
+        return self.index.get_next_state(state, token)
+
+    def walk(self, state: int | None, data: bytes) -> int | None:
+        """The state after writing `data` (any tokenization reaches the same DFA state)."""
+        tokens = self.vocab.split_bytes(data)
+        if tokens is None:
+            return None
+        for token in tokens:
+            if state is None:
+                return None
+            state = self.index.get_next_state(state, token)
+        return state
+
+    def is_final(self, state: int) -> bool:
+        return state in self.finals
+
+    def is_closed(self, state: int) -> bool:
+        """Final with nothing more to write: only EOS may follow."""
+        return state in self.finals and state not in self._text_states
+
+    def allowed_bytes(self, state: int) -> np.ndarray:
+        """The bytes that may come next (via the single-byte tokens)."""
+        row = self.rows[self.row_of[state]]
+        ids = self.vocab.byte_ids
+        ok = ids >= 0
+        bit = np.zeros(256, dtype=bool)
+        bit[ok] = (row[ids[ok] >> 5] >> (ids[ok] & 31).astype(np.uint32)) & 1 == 1
+        return np.flatnonzero(bit)
+
+    # -- jump-forward --
+
+    def forced_text(self, state: int) -> tuple[bytes, int]:
+        """The bytes only one path allows from `state`, and the state after them."""
+        out = bytearray()
+        while len(out) < FORCED_TEXT_LIMIT and state not in self.finals:
+            if (self.rows[self.row_of[state]] & self.vocab.orphan_row).any():
+                break
+            allowed = self.allowed_bytes(state)
+            if len(allowed) != 1:
+                break
+            nxt = self.index.get_next_state(state, int(self.vocab.byte_ids[allowed[0]]))
+            if nxt is None:
+                break
+            out.append(int(allowed[0]))
+            state = nxt
+        return bytes(out), state
+
+    def forced(self, state: int) -> list[int]:
+        """Canonical tokens of the forced text; the last one is left to the model when more
+        text follows, so it may pick a token that spans the forced text and what comes next."""
+        if state in self._forced:
+            return self._forced[state]
+        text, end = self.forced_text(state)
+        tokens = (self.vocab.encode(text) or []) if text else []
+        if tokens and self.walk_tokens(state, tokens) is None:
+            tokens = []
+        if tokens and not self.is_closed(end):
+            tokens = tokens[:-1]
+        self._forced[state] = tokens
+        return tokens
+
+    def walk_tokens(self, state: int, tokens: list[int]) -> int | None:
+        for token in tokens:
+            state = self.index.get_next_state(state, token)
+            if state is None:
+                return None
+        return state
+
+    # -- cut-off --
+
+    def closing_text(self, state: int) -> bytes | None:
+        """The shortest bytes from `state` to a final state (breadth-first over bytes)."""
+        if state in self._closing:
+            return self._closing[state]
+        found = None
+        parents: dict[int, tuple[int, int] | None] = {state: None}
+        queue = deque([state])
+        while queue and len(parents) < CLOSING_SEARCH_LIMIT:
+            current = queue.popleft()
+            if current in self.finals:
+                found = current
+                break
+            for byte in self.allowed_bytes(current):
+                nxt = self.index.get_next_state(current, int(self.vocab.byte_ids[byte]))
+                if nxt is not None and nxt not in parents:
+                    parents[nxt] = (current, int(byte))
+                    queue.append(nxt)
+        text = None
+        if found is not None:
+            out = bytearray()
+            while parents[found] is not None:
+                found, byte = parents[found]
+                out.append(byte)
+            text = bytes(reversed(out))
+        self._closing[state] = text
+        return text
+
+    def closing(self, state: int) -> list[int]:
+        """Tokens of the shortest completion (canonical when the tokenizer's own split is valid)."""
+        tokens = self._closing_tokens.get(state)
+        if tokens is None:
+            text = self.closing_text(state)
+            tokens = self.vocab.encode(text) if text else []
+            if tokens is None or self.walk_tokens(state, tokens) is None:
+                tokens = self.vocab.split_bytes(text) or []
+            self._closing_tokens[state] = tokens
+        return list(tokens)

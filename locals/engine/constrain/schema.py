@@ -1,0 +1,215 @@
+"""JSON schema -> regex for outlines-core, with rewrites that fix its known gaps.
+
+Gaps fixed here (each has a test): `allOf` is merged into one schema (outlines-core
+concatenates the parts, which is not JSON); integer `minimum`/`maximum` become an exact
+range regex (outlines-core ignores them); strings also accept `\\uXXXX` escapes; the
+whitespace is pinned to `json.dumps` style (`{"a": 1, "b": [1, 2]}`) so key names and
+separators are forced (jump-forward) instead of optional. Keywords that cannot be
+expressed are refused with the JSON path of the part that uses them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jsonschema
+from outlines_core.json_schema import NUMBER, STRING, build_regex_from_schema
+
+from locals.errors import RequestError
+
+UNSUPPORTED = ("not", "if", "then", "else", "contains", "dependentSchemas", "propertyNames",
+               "unevaluatedProperties", "unevaluatedItems")
+# A private-use character marks whitespace slots; `_pin_whitespace` replaces it.
+_WS = "\ue000"
+_ESCAPES_OLD = r'\\["\\/bfnrt]'
+_ESCAPES_NEW = r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})'
+_PLACEHOLDER = "__locals_rx_{}__"
+_STRING = STRING.replace(_ESCAPES_OLD, _ESCAPES_NEW)
+_SCALAR = f"({_STRING}|{NUMBER}|true|false|null)"
+
+
+def free_json_regex(depth: int, top: str = "value") -> str:
+    """Any JSON value (or object) nested at most `depth` containers deep, json.dumps spacing.
+    outlines-core's own free-form regex nests much deeper and takes tens of seconds to build."""
+    inner = _SCALAR if depth <= 1 else free_json_regex(depth - 1)
+    array = rf"\[({inner}(, {inner})*)?\]"
+    obj = rf"\{{({_STRING}: {inner}(, {_STRING}: {inner})*)?\}}"
+    return obj if top == "object" else f"({_SCALAR}|{array}|{obj})"
+
+
+class _Rewriter:
+    """One schema's rewrite: resolves local $refs met inside allOf and collects regex placeholders."""
+
+    def __init__(self, root: dict, label: str):
+        self.root = root
+        self.label = label
+        self.regexes: list[str] = []
+
+    def fail(self, path: str, why: str) -> RequestError:
+        return RequestError(f"{self.label}: the schema part at {path or '/'} {why}")
+
+    def rewrite(self, node, path: str = ""):
+        if isinstance(node, list):
+            return [self.rewrite(v, f"{path}/{i}") for i, v in enumerate(node)]
+        if not isinstance(node, dict):
+            return node
+        for key in UNSUPPORTED:
+            if key in node:
+                raise self.fail(path, f"uses '{key}', which constrained decoding does not support; "
+                                      "remove it or describe the rule in the description instead")
+        if "allOf" in node:
+            node = self.merge_all_of(node, path)
+        out = {}
+        for key, value in node.items():
+            if key in ("properties", "$defs", "definitions", "patternProperties"):
+                out[key] = {k: self.rewrite(v, f"{path}/{key}/{k}") for k, v in value.items()}
+            elif key in ("enum", "const", "default", "examples", "required"):
+                out[key] = value
+            else:
+                out[key] = self.rewrite(value, f"{path}/{key}")
+        return self.free_form(self.integer_range(out, path), path)
+
+    def free_form(self, node: dict, path: str) -> dict:
+        """Schema-less objects and values get a shallow free-form regex (2 levels at the top, 1 inside)."""
+        depth = 2 if path == "" else 1
+        keys = set(node) - {"description", "title", "default", "examples", "$schema", "$id"}
+        if not keys:
+            self.regexes.append(free_json_regex(depth))
+        elif keys == {"type"} and node["type"] == "object" or (
+                node.get("type") == "object" and keys <= {"type", "additionalProperties"}
+                and node.get("additionalProperties", True) is True):
+            self.regexes.append(free_json_regex(depth, top="object"))
+        else:
+            return node
+        return {"const": _PLACEHOLDER.format(len(self.regexes) - 1)}
+
+    def resolve(self, node: dict, path: str) -> dict:
+        ref = node.get("$ref")
+        if ref is None:
+            return node
+        if not ref.startswith("#/"):
+            raise self.fail(path, f"refers to {ref!r}; only local references (#/...) are supported")
+        target = self.root
+        for part in ref[2:].split("/"):
+            target = target.get(part.replace("~1", "/").replace("~0", "~"), {}) if isinstance(target, dict) else {}
+        return self.resolve(target, path)
+
+    def merge_all_of(self, node: dict, path: str) -> dict:
+        merged = {k: v for k, v in node.items() if k != "allOf"}
+        for i, part in enumerate(node["allOf"]):
+            part = self.resolve(part, f"{path}/allOf/{i}")
+            if "allOf" in part:
+                part = self.merge_all_of(part, f"{path}/allOf/{i}")
+            for key, value in part.items():
+                if key == "properties":
+                    props = dict(merged.get("properties", {}))
+                    for name, sub in value.items():
+                        props[name] = {"allOf": [props[name], sub]} if name in props else sub
+                    merged["properties"] = props
+                elif key == "required":
+                    merged["required"] = list(dict.fromkeys([*merged.get("required", []), *value]))
+                elif key in merged and merged[key] != value and key not in ("description", "title"):
+                    raise self.fail(f"{path}/allOf/{i}", f"sets '{key}' differently from another allOf "
+                                                         "part; merge the parts by hand")
+                else:
+                    merged.setdefault(key, value)
+        return merged
+
+    def integer_range(self, node: dict, path: str) -> dict:
+        if node.get("type") != "integer":
+            return node
+        low, high = _bound(node, "minimum", "exclusiveMinimum", math.ceil, 1), \
+            _bound(node, "maximum", "exclusiveMaximum", math.floor, -1)
+        if low is None and high is None:
+            return node
+        if low is not None and high is not None and low > high:
+            raise self.fail(path, f"allows no integer (minimum {low} > maximum {high})")
+        self.regexes.append(integer_range_regex(low, high))
+        return {"const": _PLACEHOLDER.format(len(self.regexes) - 1)}
+
+
+def _bound(node: dict, inclusive: str, exclusive: str, rounding, step: int) -> int | None:
+    values = []
+    if isinstance(node.get(inclusive), (int, float)) and not isinstance(node.get(inclusive), bool):
+        values.append(rounding(node[inclusive]))
+    ex = node.get(exclusive)
+    if isinstance(ex, (int, float)) and not isinstance(ex, bool):
+        values.append(math.floor(ex) + 1 if step > 0 else math.ceil(ex) - 1)
+    if not values:
+        return None
+    return max(values) if step > 0 else min(values)
+
+
+def _digit_blocks(low: int, high: int) -> list[str]:
+    """Regexes for the naturals in [low, high] (low >= 1), one per run of equal digit count."""
+    out = []
+    start = low
+    while start <= high:
+        k = 0
+        while start % 10 ** (k + 1) == 0 and start + 10 ** (k + 1) - 1 <= high:
+            k += 1
+        step = 10 ** k
+        block_end = min(high + 1, (start // (step * 10) + 1) * step * 10)
+        end = start + (block_end - start) // step * step - 1
+        s, e = str(start), str(end)
+        digit = s[-k - 1] if s[-k - 1] == e[-k - 1] else f"[{s[-k - 1]}-{e[-k - 1]}]"
+        out.append(s[: len(s) - k - 1] + digit + "[0-9]" * k)
+        start = end + 1
+    return out
+
+
+def _naturals(low: int, high: int | None) -> list[str]:
+    """Regexes for the integers in [low, high] with low >= 0 (high None: unbounded)."""
+    parts = []
+    if low == 0:
+        parts.append("0")
+        low = 1
+    if high is None:
+        digits = len(str(low))
+        parts += _digit_blocks(low, 10 ** digits - 1)
+        parts.append(f"[1-9][0-9]{{{digits},}}")
+    elif low <= high:
+        parts += _digit_blocks(low, high)
+    return parts
+
+
+def integer_range_regex(low: int | None, high: int | None) -> str:
+    """A regex for the JSON integers in [low, high] (None: unbounded on that side)."""
+    parts = []
+    if high is None or high >= 0:
+        parts += _naturals(max(low, 0) if low is not None else 0, high)
+    if low is None or low < 0:
+        negative = _naturals(max(1, -high) if high is not None and high < 0 else 1, None if low is None else -low)
+        parts += [f"-{p}" for p in negative]
+    return "(" + "|".join(parts) + ")"
+
+
+def _pin_whitespace(regex: str) -> str:
+    """json.dumps spacing: one space after ':' and ',' and none elsewhere."""
+    regex = regex.replace(f"{_WS}:{_WS}", ": ").replace(f"{_WS},{_WS}", ", ").replace(f",{_WS}", ", ")
+    return regex.replace(_WS, "")
+
+
+def schema_regex(schema, *, label: str) -> str:
+    """The regex of the JSON texts `schema` accepts, or RequestError naming `label` and the part."""
+    if schema is True:
+        schema = {}
+    if not isinstance(schema, dict):
+        raise RequestError(f"{label}: a JSON schema must be an object, got {type(schema).__name__}")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/" + "/".join(str(p) for p in exc.path)
+        raise RequestError(f"{label}: invalid JSON schema at {where}: {exc.message}") from None
+    rewriter = _Rewriter(schema, label)
+    rewritten = rewriter.rewrite(schema)
+    try:
+        regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern=_WS)
+    except (ValueError, TypeError) as exc:
+        detail = str(exc).splitlines()[0]
+        raise RequestError(f"{label}: this JSON schema cannot be enforced: {detail}") from None
+    regex = _pin_whitespace(regex).replace(_ESCAPES_OLD, _ESCAPES_NEW)
+    for i, sub in enumerate(rewriter.regexes):
+        regex = regex.replace(json.dumps(_PLACEHOLDER.format(i)), sub)
+    return regex

@@ -1,0 +1,321 @@
+"""The engine: one thread owns MLX and runs the batch; everything else talks to it through
+`submit` / `cancel` / `stats` (thread-safe) and the `stream` / `generate` adapters.
+
+Each loop turn: take new requests and cancellations from the inbox, admit waiting
+requests that fit (prefix-cache lookup first), launch the next step, then read back the
+previous one (pipelined). Every request gets its TokenEvents and exactly one FinishEvent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import mlx.core as mx
+
+from locals.engine.admission import ADMIT, WAIT, Admission, KVBudgetAdmission
+from locals.engine.guards import GuardFactory, make_guards
+from locals.engine.kv import RowKV, kv_bytes_per_token
+from locals.engine.prefix_cache import MemoryPrefixCache, NoPrefixCache, PrefixCache
+from locals.engine.scheduler import Scheduler
+from locals.engine.sequence import Sequence
+from locals.engine.settings import EngineConfig
+from locals.engine.stats import Counters
+from locals.engine.step import Launched, StepRunner
+from locals.protocol import EngineStats, Event, FinishEvent, GenerationRequest, Usage
+
+log = logging.getLogger(__name__)
+Sink = Callable[[Event], None]
+
+
+def _safe(sink: Sink, request_id: str) -> Sink:
+    """A sink whose failures (a consumer gone wrong) are logged, never raised into the engine."""
+
+    def call(event: Event) -> None:
+        try:
+            sink(event)
+        except Exception:
+            log.exception("event sink of %s failed", request_id)
+
+    return call
+
+
+def _patch_kernels(loaded) -> int:
+    """On GPUs, route small-batch quantized matmuls to the tuned kernels (if `locals tune` ran)."""
+    backend = getattr(loaded, "backend", None)
+    if backend is None or getattr(backend, "kind", "cpu") == "cpu":
+        return 0
+    try:
+        from locals.engine.kernels import patch_model
+
+        return patch_model(loaded.model)
+    except Exception:  # a missing or stale tuning table must never stop serving
+        log.exception("tuned kernels not applied")
+        return 0
+
+
+class Engine:
+    """Continuous batching over one loaded model."""
+
+    def __init__(self, loaded, config: EngineConfig | None = None, *,
+                 prefix_cache: PrefixCache | None = None, admission: Admission | None = None,
+                 guards: list[GuardFactory] | tuple = ()):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.patched_layers = _patch_kernels(loaded)
+        self.tokenizer = loaded.tokenizer
+        self.config = config or EngineConfig()
+        self.kv_budget = self.config.resolved_kv_budget()
+        self.bytes_per_token = kv_bytes_per_token(self.model)
+        if prefix_cache is None:
+            size = self.config.prefix_cache_bytes
+            prefix_cache = MemoryPrefixCache(size) if size > 0 else NoPrefixCache()
+        self.prefix_cache = prefix_cache
+        self.admission = admission or KVBudgetAdmission(self.kv_budget, self.bytes_per_token)
+        self.guard_factories = list(guards)
+        self.scheduler = Scheduler(self.config.step_token_budget, self.config.min_prefill_chunk)
+        self.runner = StepRunner(self.model, on_cache_point=self._insert_prefix)
+        self.counters = Counters()
+        self._inbox: queue.Queue = queue.Queue()
+        self._waiting: deque[tuple[GenerationRequest, Sink, float]] = deque()
+        self._active: list[Sequence] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._kv_bytes = 0
+
+    # --- public surface -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the thread that owns MLX from now on."""
+        if self._thread is not None:
+            return
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="locals-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread; requests still running finish with reason "cancelled"."""
+        if self._thread is None:
+            return
+        self._stopping.set()
+        self._inbox.put(("wake",))
+        self._thread.join()
+        self._thread = None
+        # MLX objects left in reference cycles by the engine thread must go while MLX is
+        # alive: collected during interpreter shutdown they abort the process.
+        gc.collect()
+        self._drain(block=False)
+        for seq in self._active:
+            seq.finish("cancelled", "engine stopped")
+        for request, sink, _ in self._waiting:
+            sink(FinishEvent(request.id, "cancelled", Usage(len(request.prompt_tokens)), "engine stopped"))
+        self._active.clear()
+        self._waiting.clear()
+
+    def submit(self, request: GenerationRequest, sink: Sink) -> None:
+        """Queue `request`; `sink` is called on the engine thread with its events."""
+        self._inbox.put(("submit", request, _safe(sink, request.id), time.perf_counter()))
+
+    def cancel(self, request_id: str) -> None:
+        """End a request at the next step (FinishEvent reason "cancelled"), freeing its slot and KV."""
+        self._inbox.put(("cancel", request_id))
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[Event]:
+        """Events of `request` on the running asyncio loop; leaving early cancels it."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        self.submit(request, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
+        finished = False
+        try:
+            while not finished:
+                event = await events.get()
+                finished = isinstance(event, FinishEvent)
+                yield event
+        finally:
+            if not finished:
+                self.cancel(request.id)
+
+    def generate(self, request: GenerationRequest) -> Iterator[Event]:
+        """Events of `request`, blocking; closing the iterator early cancels it."""
+        events: queue.Queue = queue.Queue()
+        self.submit(request, events.put)
+        finished = False
+        try:
+            while not finished:
+                event = events.get()
+                finished = isinstance(event, FinishEvent)
+                yield event
+        finally:
+            if not finished:
+                self.cancel(request.id)
+
+    def stats(self) -> EngineStats:
+        c = self.counters
+        active = list(self._active)
+        return EngineStats(
+            model=getattr(self.loaded, "name", ""),
+            running=sum(1 for s in active if not s.prefilling),
+            waiting=len(self._waiting) + self._inbox.qsize(),
+            prefilling=sum(1 for s in active if s.prefilling),
+            requests_total=c.requests_total,
+            requests_finished=c.requests_finished,
+            prompt_tokens_total=c.prompt_tokens_total,
+            generated_tokens_total=c.generated_tokens_total,
+            cached_tokens_total=c.cached_tokens_total,
+            decode_tokens_per_s=c.decode.rate(),
+            prefill_tokens_per_s=c.prefill.rate(),
+            last_ttft_s=c.last_ttft_s,
+            kv_bytes=self._kv_bytes,
+            kv_budget_bytes=self.kv_budget,
+            weights_bytes=int(getattr(self.loaded, "weights_bytes", 0) or 0),
+            steps=c.steps,
+            extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
+                   "prefix_cache_bytes": int(getattr(self.prefix_cache, "nbytes", 0))},
+        )
+
+    # --- engine thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        # MLX streams belong to the thread that creates them: make ours here.
+        with mx.stream(mx.new_stream(mx.default_device())):
+            launched: Launched | None = None
+            while not self._stopping.is_set():
+                self._drain(block=launched is None and not self._active)
+                self._admit()
+                if launched is not None and any(s.needs_sync for s in self._active):
+                    self._process(launched)
+                    launched = None
+                slots = self.scheduler.next_step(self._active)
+                new = self._launch(slots) if slots else None
+                # Step n+1 is queued on the device; now read step n back.
+                if launched is not None:
+                    self._process(launched)
+                launched = new
+                if launched is not None and not self.config.pipeline:
+                    self._process(launched)
+                    launched = None
+                self._reap()
+            if launched is not None:
+                self._process(launched)
+            # Leave no queued device work behind this thread (MLX aborts at exit otherwise).
+            mx.synchronize()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, item: tuple) -> None:
+        if item[0] == "submit":
+            _, request, sink, at = item
+            self.counters.requests_total += 1
+            self._waiting.append((request, sink, at))
+        elif item[0] == "cancel":
+            self._cancel(item[1])
+
+    def _cancel(self, request_id: str) -> None:
+        for seq in self._active:
+            if seq.id == request_id:
+                seq.finish("cancelled")
+                return
+        for entry in list(self._waiting):
+            if entry[0].id == request_id:
+                self._waiting.remove(entry)
+                self._finish_waiting(entry, "cancelled")
+                return
+
+    def _finish_waiting(self, entry, reason: str, error: str | None = None) -> None:
+        request, sink, _ = entry
+        self.counters.requests_finished += 1
+        self.counters.finish_reasons[reason] = self.counters.finish_reasons.get(reason, 0) + 1
+        sink(FinishEvent(request.id, reason, Usage(len(request.prompt_tokens)), error))
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._active) < self.config.max_batch:
+            request, sink, at = entry = self._waiting[0]
+            if not request.prompt_tokens:
+                self._waiting.popleft()
+                self._finish_waiting(entry, "error", "empty prompt: at least one token is needed")
+                continue
+            verdict = self.admission.check(request)
+            if verdict == WAIT:
+                return
+            self._waiting.popleft()
+            if verdict != ADMIT:
+                self._finish_waiting(entry, "memory", verdict)
+                continue
+            self._active.append(self._new_sequence(request, sink, at))
+
+    def _new_sequence(self, request: GenerationRequest, sink: Sink, at: float) -> Sequence:
+        kv = RowKV(len(self.model.layers))
+        seq = Sequence(request, sink, kv, self.tokenizer,
+                       make_guards(self.guard_factories, request), at)
+        n, stored = self.prefix_cache.lookup(seq.prompt)
+        n = min(n, len(seq.prompt) - 1)  # the last prompt token must run to give logits
+        if n > 0 and stored is not None:
+            kv.load(stored, n)
+            del seq.pending[:n]
+            seq.cached_tokens = n
+        self.counters.prompt_tokens_total += len(seq.prompt)
+        self.counters.cached_tokens_total += seq.cached_tokens
+        return seq
+
+    def _launch(self, slots) -> Launched | None:
+        try:
+            step = self.runner.launch(slots)
+        except Exception as exc:  # the whole pass failed: its rows' KV is no longer trustworthy
+            log.exception("engine step failed")
+            for slot in slots:
+                slot.seq.finish("error", f"engine step failed: {exc}")
+            return None
+        if step is not None:
+            self.counters.steps += 1
+        return step
+
+    def _process(self, step: Launched) -> None:
+        try:
+            first = self.runner.process(step)
+        except Exception as exc:
+            log.exception("reading an engine step failed")
+            for slot in step.slots:
+                slot.seq.finish("error", f"engine step failed: {exc}")
+            return
+        now = time.perf_counter()
+        self.counters.decode.add(len(step.samplers), now)
+        self.counters.prefill.add(step.prefill_tokens, now)
+        for seq in first:
+            self.counters.last_ttft_s = seq.first_token_at - seq.submitted_at
+
+    def _reap(self) -> None:
+        done = [s for s in self._active if s.finished]
+        if done:
+            self._active = [s for s in self._active if not s.finished]
+        for seq in done:
+            self.admission.release(seq.request)
+            c = self.counters
+            c.requests_finished += 1
+            c.generated_tokens_total += len(seq.generated)
+            c.finish_reasons[seq.finish_reason] = c.finish_reasons.get(seq.finish_reason, 0) + 1
+            if seq.finish_reason in ("stop", "length") and seq.kv.offset > 0:
+                self._insert_prefix(seq, min(seq.kv.offset, len(seq.all_tokens())))
+            seq.kv = None  # the KV goes as soon as no queued step needs it
+        self._kv_bytes = sum(s.kv.nbytes for s in self._active)
+
+    def _insert_prefix(self, seq: Sequence, n: int) -> None:
+        try:
+            self.prefix_cache.insert(seq.all_tokens()[:n], seq.kv.snapshot(n))
+        except Exception:
+            log.exception("prefix cache insert failed")

@@ -1,0 +1,347 @@
+"""Affine 4/8-bit quantized matmul for 1..16 rows that reads each packed weight once.
+
+`x (M, K) @ dequantize(w).T` for w packed as MLX's affine format (uint32 words, low bits
+first, one scale and bias per `group_size` values). One warp (CUDA) or simdgroup (Metal)
+owns R output columns; its lanes walk K one packed word at a time, unpack the word once
+and apply it to all M rows, so the weights cross the memory bus once per call whatever
+M is. The CUDA and Metal sources are the same algorithm; neither is used before it has
+verified itself on the device (see verify.py and tuning.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+MAX_ROWS = 16
+# Row counts are compiled in buckets (the kernel predicates rows past the real M), so a
+# tuning run compiles 5 variants per configuration instead of 16.
+ROW_BUCKETS = (1, 2, 4, 8, 16)
+SUPPORTED_BITS = (4, 8)
+SUPPORTED_GROUPS = (32, 64, 128)
+SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
+
+CUDA_SOURCE = r"""
+  constexpr int VPW = 32 / BITS;   // values per packed word
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  constexpr int WPG = GS / VPW;    // packed words per quantization group
+  const int M = x_shape[0];
+  const int N = w_shape[0];
+  const int KW = w_shape[1];
+  const int K = KW * VPW;
+  const int G = K / GS;
+  const int lane = threadIdx.x & 31;
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int n0 = warp * R;
+  if (n0 >= N) {
+    return;  // warp-uniform, so the shuffles below stay converged
+  }
+  float acc[R][MB];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      acc[r][m] = 0.0f;
+    }
+  }
+  for (int wi = lane; wi < KW; wi += 32) {
+    float q[R][VPW];
+    float s[R];
+    float b[R];
+    const int g = wi / WPG;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      // Columns past N repeat the last one; their sums are never written.
+      const int n = min(n0 + r, N - 1);
+      const uint32_t word = w[size_t(n) * KW + wi];
+      s[r] = static_cast<float>(scales[size_t(n) * G + g]);
+      b[r] = static_cast<float>(biases[size_t(n) * G + g]);
+#pragma unroll
+      for (int j = 0; j < VPW; ++j) {
+        q[r][j] = static_cast<float>((word >> (BITS * j)) & MASK);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      if (m < M) {
+        // One vector load per row (MLX's helper falls back to scalar loads if unaligned).
+        const auto xw = load_vector<VPW>(x + size_t(m) * K, wi);
+        float xv[VPW];
+        float xsum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < VPW; ++j) {
+          xv[j] = static_cast<float>(xw[j]);
+          xsum += xv[j];
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int j = 0; j < VPW; ++j) {
+            dot = fmaf(q[r][j], xv[j], dot);
+          }
+          acc[r][m] += s[r] * dot + b[r] * xsum;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      float v = acc[r][m];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+      }
+      if (lane == 0 && m < M && n0 + r < N) {
+        out[size_t(m) * N + n0 + r] = static_cast<T>(v);
+      }
+    }
+  }
+"""
+
+# The staged variant: a block's warps share x through shared memory, loaded once per
+# block and chunk of K, so x is read from L2 once per block instead of once per warp
+# (the per-warp re-reads cost ~2.5 us per extra row on a 9728x2560 weight).
+CUDA_STAGED_SOURCE = r"""
+  constexpr int VPW = 32 / BITS;
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  constexpr int WPG = GS / VPW;
+  constexpr int E = 16 / int(sizeof(T));  // values per 16-byte copy
+  // Chunk of K (in packed words) whose x slice fits 32 KB of shared memory.
+  constexpr int FIT = 32768 / (MB * int(sizeof(T)) * VPW);
+  constexpr int CHW = FIT >= 256 ? 256 : (FIT >= 128 ? 128 : (FIT >= 64 ? 64 : 32));
+  constexpr int CHV = CHW * VPW;
+  __shared__ __align__(32) uint4 xs_raw[(MB * CHV * int(sizeof(T)) + 15) / 16];
+  T* xs = reinterpret_cast<T*>(xs_raw);
+  const int M = x_shape[0];
+  const int N = w_shape[0];
+  const int KW = w_shape[1];
+  const int K = KW * VPW;
+  const int G = K / GS;
+  const int lane = threadIdx.x & 31;
+  const int n0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
+  const bool active = n0 < N;  // idle warps still take part in the barriers
+  float acc[R][MB];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      acc[r][m] = 0.0f;
+    }
+  }
+  for (int c0 = 0; c0 < KW; c0 += CHW) {
+    const int cw = min(CHW, KW - c0);
+    const int units = cw * VPW / E;
+    __syncthreads();
+    for (int i = threadIdx.x; i < M * units; i += blockDim.x) {
+      const int m = i / units;
+      const int u = i - m * units;
+      reinterpret_cast<AlignedVector<T, E>*>(xs + m * CHV)[u] =
+          load_vector<E>(x + size_t(m) * K + size_t(c0) * VPW, u);
+    }
+    __syncthreads();
+    if (!active) {
+      continue;
+    }
+    for (int wl = lane; wl < cw; wl += 32) {
+      const int wi = c0 + wl;
+      float q[R][VPW];
+      float s[R];
+      float b[R];
+      const int g = wi / WPG;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int n = min(n0 + r, N - 1);
+        const uint32_t word = w[size_t(n) * KW + wi];
+        s[r] = static_cast<float>(scales[size_t(n) * G + g]);
+        b[r] = static_cast<float>(biases[size_t(n) * G + g]);
+#pragma unroll
+        for (int j = 0; j < VPW; ++j) {
+          q[r][j] = static_cast<float>((word >> (BITS * j)) & MASK);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < MB; ++m) {
+        if (m < M) {
+          const auto xw = reinterpret_cast<const AlignedVector<T, VPW>*>(xs + m * CHV)[wl];
+          float xv[VPW];
+          float xsum = 0.0f;
+#pragma unroll
+          for (int j = 0; j < VPW; ++j) {
+            xv[j] = static_cast<float>(xw[j]);
+            xsum += xv[j];
+          }
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int j = 0; j < VPW; ++j) {
+              dot = fmaf(q[r][j], xv[j], dot);
+            }
+            acc[r][m] += s[r] * dot + b[r] * xsum;
+          }
+        }
+      }
+    }
+  }
+  if (!active) {
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      float v = acc[r][m];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+      }
+      if (lane == 0 && m < M && n0 + r < N) {
+        out[size_t(m) * N + n0 + r] = static_cast<T>(v);
+      }
+    }
+  }
+"""
+
+METAL_SOURCE = r"""
+  constexpr int VPW = 32 / BITS;
+  constexpr uint MASK = (1u << BITS) - 1u;
+  constexpr int WPG = GS / VPW;
+  const int M = x_shape[0];
+  const int N = w_shape[0];
+  const int KW = w_shape[1];
+  const int K = KW * VPW;
+  const int G = K / GS;
+  const int lane = int(thread_index_in_simdgroup);
+  const int n0 = int(thread_position_in_grid.x / 32) * R;
+  if (n0 >= N) {
+    return;  // simdgroup-uniform, so simd_sum below sees every lane
+  }
+  float acc[R][MB];
+  for (int r = 0; r < R; ++r) {
+    for (int m = 0; m < MB; ++m) {
+      acc[r][m] = 0.0f;
+    }
+  }
+  for (int wi = lane; wi < KW; wi += 32) {
+    float q[R][VPW];
+    float s[R];
+    float b[R];
+    const int g = wi / WPG;
+    for (int r = 0; r < R; ++r) {
+      const int n = min(n0 + r, N - 1);
+      const uint word = w[size_t(n) * KW + wi];
+      s[r] = float(scales[size_t(n) * G + g]);
+      b[r] = float(biases[size_t(n) * G + g]);
+      for (int j = 0; j < VPW; ++j) {
+        q[r][j] = float((word >> (BITS * j)) & MASK);
+      }
+    }
+    for (int m = 0; m < MB; ++m) {
+      if (m < M) {
+        float xv[VPW];
+        float xsum = 0.0f;
+        for (int j = 0; j < VPW; ++j) {
+          xv[j] = float(x[size_t(m) * K + size_t(wi) * VPW + j]);
+          xsum += xv[j];
+        }
+        for (int r = 0; r < R; ++r) {
+          float dot = 0.0f;
+          for (int j = 0; j < VPW; ++j) {
+            dot = fma(q[r][j], xv[j], dot);
+          }
+          acc[r][m] += s[r] * dot + b[r] * xsum;
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int m = 0; m < MB; ++m) {
+      float v = simd_sum(acc[r][m]);
+      if (lane == 0 && m < M && n0 + r < N) {
+        out[size_t(m) * N + n0 + r] = T(v);
+      }
+    }
+  }
+"""
+
+
+def _source_tag(*parts: str) -> str:
+    # MLX caches compiled kernels by name, so the name carries a hash of the source.
+    return hashlib.sha1("".join(parts).encode()).hexdigest()[:10]
+
+
+CUDA_TAG = _source_tag(CUDA_SOURCE, CUDA_STAGED_SOURCE)
+METAL_TAG = _source_tag(METAL_SOURCE)
+_KERNELS: dict[tuple[str, bool], object] = {}
+
+
+def _kernel(backend: str, staged: bool):
+    """The JIT kernel object for a backend and variant, built once per process."""
+    if (backend, staged) not in _KERNELS:
+        names = dict(input_names=["x", "w", "scales", "biases"], output_names=["out"])
+        if backend == "cuda":
+            source, prefix = (CUDA_STAGED_SOURCE, "qmvs") if staged else (CUDA_SOURCE, "qmv")
+            kernel = mx.fast.cuda_kernel(name=f"locals_{prefix}_{CUDA_TAG}", source=source, **names)
+        elif backend == "metal" and not staged:
+            kernel = mx.fast.metal_kernel(name=f"locals_qmv_{METAL_TAG}", source=METAL_SOURCE, **names)
+        else:
+            raise ValueError(f"no such quantized-matmul kernel for the {backend} backend")
+        _KERNELS[(backend, staged)] = kernel
+    return _KERNELS[(backend, staged)]
+
+
+def row_bucket(rows: int) -> int:
+    """The compiled row count that serves `rows` (the smallest bucket >= rows)."""
+    return next(b for b in ROW_BUCKETS if b >= rows)
+
+
+@dataclass(frozen=True)
+class QmvKernel:
+    """One launch configuration: R output columns per warp, T threads a block, x staged or not."""
+
+    backend: str  # "cuda" | "metal"
+    cols_per_warp: int
+    threads: int
+    staged: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend}-{'qmvs' if self.staged else 'qmv'}-r{self.cols_per_warp}-t{self.threads}"
+
+    def supports(self, rows: int, bits: int, group_size: int, dtype, scales_dtype) -> bool:
+        """Whether this kernel computes the given problem (otherwise MLX's op is used)."""
+        return (1 <= rows <= MAX_ROWS and bits in SUPPORTED_BITS and group_size in SUPPORTED_GROUPS
+                and dtype in SUPPORTED_DTYPES and scales_dtype == dtype)
+
+    def __call__(self, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
+                 group_size: int, bits: int) -> mx.array:
+        *lead, k = x.shape
+        rows = math.prod(lead)
+        n = w.shape[0]
+        x2 = x.reshape(rows, k)
+        warps = -(-n // self.cols_per_warp)
+        out = _kernel(self.backend, self.staged)(
+            inputs=[x2, w, scales, biases],
+            template=[("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
+                      ("BITS", bits), ("GS", group_size)],
+            grid=(warps * 32, 1, 1),
+            threadgroup=(self.threads, 1, 1),
+            output_shapes=[(rows, n)],
+            output_dtypes=[x.dtype],
+        )[0]
+        return out.reshape(*lead, n)
+
+
+def candidates(backend: str) -> list[QmvKernel]:
+    """The launch configurations tuning tries on `backend` (none on the CPU)."""
+    if backend not in ("cuda", "metal"):
+        return []
+    plain = [QmvKernel(backend, r, t) for r in (1, 2, 4) for t in (128, 256)]
+    staged = [QmvKernel(backend, r, t, staged=True) for r in (2, 4) for t in (256, 512)] if backend == "cuda" else []
+    return plain + staged

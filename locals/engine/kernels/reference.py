@@ -1,0 +1,82 @@
+"""Plain-MLX versions of every kernel: what candidates are checked against and fall back to.
+
+`quantized_matmul` is MLX's own op (the engine's default); `dequantized_matmul` expands
+the weights and multiplies in float32, the ground truth the verifier measures errors by.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+
+
+def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
+                     group_size: int, bits: int) -> mx.array:
+    """MLX's affine quantized matmul, `x @ dequantize(w).T`, in x's dtype."""
+    return mx.quantized_matmul(x, w, scales=scales, biases=biases, transpose=True,
+                               group_size=group_size, bits=bits)
+
+
+def dequantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
+                       group_size: int, bits: int) -> mx.array:
+    """The same product in float32 from explicitly dequantized weights, on the CPU.
+
+    The CPU because GPU float32 matmuls may run in TF32 (~1e-3 relative error), which
+    would make the yardstick less exact than the kernels it judges.
+    """
+    cpu = mx.cpu
+    dense = mx.dequantize(w, scales.astype(mx.float32, stream=cpu), biases.astype(mx.float32, stream=cpu),
+                          group_size=group_size, bits=bits, stream=cpu)
+    return mx.matmul(x.astype(mx.float32, stream=cpu), dense.T, stream=cpu)
+
+
+class DequantizedCandidate:
+    """Dequantize the weights to x's dtype, then a dense matmul: a plain-MLX candidate that
+    wins where MLX's quantized op is slow (its CPU backend) and loses on GPUs."""
+
+    name = "mlx-dequant"
+
+    def supports(self, rows: int, bits: int, group_size: int, dtype, scales_dtype) -> bool:
+        return True
+
+    def __call__(self, x, w, scales, biases, group_size: int, bits: int) -> mx.array:
+        dense = mx.dequantize(w, scales, biases, group_size=group_size, bits=bits).astype(x.dtype)
+        return x @ dense.T
+
+
+class PaddedCandidate:
+    """MLX's own op with the rows zero-padded to `rows_to`: on CUDA, MLX 0.32's quantized
+    matmul re-reads the weights per row below 8 rows but not at 8, so padding 2..7 rows
+    up to 8 buys its tiled path for the price of a pad and a slice."""
+
+    def __init__(self, rows_to: int = 8):
+        self.rows_to = rows_to
+        self.name = f"mlx-pad{rows_to}"
+
+    def supports(self, rows: int, bits: int, group_size: int, dtype, scales_dtype) -> bool:
+        return 1 < rows < self.rows_to
+
+    def __call__(self, x, w, scales, biases, group_size: int, bits: int) -> mx.array:
+        *lead, k = x.shape
+        flat = x.reshape(-1, k)
+        rows = flat.shape[0]
+        padded = mx.concatenate([flat, mx.zeros((self.rows_to - rows, k), dtype=x.dtype)])
+        y = quantized_matmul(padded, w, scales, biases, group_size, bits)[:rows]
+        return y.reshape(*lead, y.shape[-1])
+
+
+def random_problem(rows: int, n: int, k: int, bits: int, group_size: int, dtype,
+                   key: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array, mx.array]:
+    """Fresh random (x, w, scales, biases) shaped like one linear layer of a quantized model."""
+    kx, kw = mx.random.split(key if key is not None else mx.random.key(_fresh_seed()))
+    x = mx.random.normal((rows, k), key=kx).astype(dtype)
+    dense = (mx.random.normal((n, k), key=kw) * (k ** -0.5)).astype(dtype)
+    w, scales, biases = mx.quantize(dense, group_size=group_size, bits=bits)
+    mx.eval(x, w, scales, biases)
+    return x, w, scales, biases
+
+
+def _fresh_seed() -> int:
+    # New data every run: a kernel must not pass because it was tuned to one input.
+    return int.from_bytes(os.urandom(4), "little")

@@ -1,0 +1,102 @@
+"""What the engine asks: swap a model's quantized linears for ones that use tuned kernels.
+
+A layer is swapped only when this chip's tuning table (same MLX version, same kernel
+sources) chose a verified candidate for the layer's problem at some row count; the
+swapped layer uses that candidate for those row counts and MLX's own op for all others.
+Without a table nothing changes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+
+from locals.engine.kernels.tuning import MLX_OP, Problem, TuningTable, current_chip, default_candidates, load_table
+
+
+class TunedQuantizedLinear(nn.QuantizedLinear):
+    """A QuantizedLinear that routes each call by its row count to the tuned kernel or MLX's op."""
+
+    def __init__(self, layer: nn.QuantizedLinear, kernels: dict[int, object]):
+        nn.Module.__init__(self)
+        self.group_size, self.bits, self.mode = layer.group_size, layer.bits, getattr(layer, "mode", "affine")
+        for name in ("weight", "scales", "biases", "bias"):
+            if name in layer:
+                self[name] = layer[name]
+        # A plain object attribute (not a dict) so it stays out of the parameter tree.
+        self._routes = _Routes(kernels)
+        self.freeze()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        kernel = self._routes.get(math.prod(x.shape[:-1]))
+        if kernel is None or x.dtype != self["scales"].dtype:
+            return super().__call__(x)
+        y = kernel(x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits)
+        return y + self["bias"] if "bias" in self else y
+
+
+class _Routes:
+    """Row count -> kernel; absent row counts use MLX's op."""
+
+    def __init__(self, kernels: dict[int, object]):
+        self._kernels = dict(kernels)
+
+    def get(self, rows: int):
+        return self._kernels.get(rows)
+
+    def __repr__(self) -> str:
+        names = sorted({k.name for k in self._kernels.values()})
+        return f"rows {sorted(self._kernels)} -> {', '.join(names)}"
+
+
+def layer_problem(layer: nn.Module) -> Problem | None:
+    """The tuning problem of an affine-quantized linear layer (None for anything else)."""
+    if not isinstance(layer, nn.QuantizedLinear) or getattr(layer, "mode", "affine") != "affine":
+        return None
+    if "biases" not in layer:
+        return None
+    n, packed = layer["weight"].shape
+    dtype = str(layer["scales"].dtype).rsplit(".", 1)[-1]
+    return Problem(n, packed * 32 // layer.bits, layer.bits, layer.group_size, dtype)
+
+
+def _routes_for(problem: Problem, table: TuningTable, by_name: dict[str, object]) -> dict[int, object]:
+    routes = {}
+    for rows, name in table.choices.get(problem.key, {}).items():
+        if name != MLX_OP and name in by_name and name not in table.rejected:
+            routes[int(rows)] = by_name[name]
+    return routes
+
+
+def _candidates_by_name() -> dict[str, object]:
+    kind, _chip = current_chip()
+    return {c.name: c for c in default_candidates(kind)}
+
+
+def tuned_linear(layer: nn.Module, table: TuningTable | None = None, candidates: dict | None = None) -> nn.Module:
+    """`layer` itself, or a TunedQuantizedLinear when this chip has a faster verified kernel for it."""
+    table = table if table is not None else load_table()
+    problem = layer_problem(layer)
+    if table is None or problem is None or isinstance(layer, TunedQuantizedLinear):
+        return layer
+    routes = _routes_for(problem, table, candidates if candidates is not None else _candidates_by_name())
+    return TunedQuantizedLinear(layer, routes) if routes else layer
+
+
+def patch_model(model: nn.Module, table: TuningTable | None = None) -> int:
+    """Swap every quantized linear that has a tuned kernel on this chip; returns how many."""
+    table = table if table is not None else load_table()
+    if table is None:
+        return 0
+    candidates = _candidates_by_name()
+    swaps = []
+    for path, layer in model.named_modules():
+        tuned = tuned_linear(layer, table, candidates)
+        if tuned is not layer:
+            swaps.append((path, tuned))
+    if swaps:
+        model.update_modules(tree_unflatten(swaps))
+    return len(swaps)

@@ -1,0 +1,204 @@
+"""Time verified candidates per (problem, rows) and remember the fastest, per chip and MLX version.
+
+A candidate first verifies itself on fresh random data (verify.py) for each quantization
+it will serve; one failure and it is never timed nor stored. Timing interleaves the
+candidates and MLX's own op in rounds and keeps every sample; a candidate replaces
+MLX's op for a (problem, rows) only when its median is faster by more than MARGIN. The
+table lives in `cache_dir()/tuning/`, one JSON file per chip + MLX version.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+
+from locals.config import cache_dir
+from locals.engine.kernels import qmm
+from locals.engine.kernels.reference import DequantizedCandidate, PaddedCandidate, quantized_matmul, random_problem
+from locals.engine.kernels.verify import DEFAULT_SHAPES, Case, check, default_cases, passes, verify
+
+MLX_OP = "mlx"  # the choice that means "keep MLX's own quantized_matmul"
+MARGIN = 0.03
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The shape of one quantized linear layer: an (n, k) weight, its quantization and dtype."""
+
+    n: int
+    k: int
+    bits: int
+    group_size: int
+    dtype: str  # "bfloat16" | "float16" | "float32"
+
+    @property
+    def key(self) -> str:
+        return f"q{self.bits}-g{self.group_size}-{self.dtype}-{self.n}x{self.k}"
+
+    @property
+    def mx_dtype(self):
+        return getattr(mx, self.dtype)
+
+
+@dataclass
+class TuningTable:
+    """What tuning chose on one chip: per problem key, per row count, a candidate name or "mlx"."""
+
+    chip: str
+    mlx: str
+    kernels: str  # source tag of the kernels timed; a different tag means "untuned"
+    choices: dict[str, dict[str, str]] = field(default_factory=dict)
+    timings_us: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    rejected: dict[str, str] = field(default_factory=dict)
+    complete: bool = False
+    format: int = FORMAT
+
+    def choice(self, key: str, rows: int) -> str:
+        return self.choices.get(key, {}).get(str(rows), MLX_OP)
+
+
+def current_chip() -> tuple[str, str]:
+    """(backend kind, a stable name of this chip) as MLX reports them."""
+    from locals.engine.backend import detect
+
+    backend = detect()
+    return backend.kind, f"{backend.kind}:{backend.device_name}"
+
+
+def kernels_tag(kind: str) -> str:
+    return {"cuda": qmm.CUDA_TAG, "metal": qmm.METAL_TAG}.get(kind, "none")
+
+
+def table_path(chip: str, mlx_version: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", f"{chip}-mlx{mlx_version}").strip("-").lower()
+    return cache_dir() / "tuning" / f"{slug}.json"
+
+
+def load_table(chip: str | None = None) -> TuningTable | None:
+    """The stored table for this chip + MLX version (None when untuned or unreadable)."""
+    kind, chip_name = current_chip() if chip is None else (chip.split(":", 1)[0], chip)
+    try:
+        data = json.loads(table_path(chip_name, mx.__version__).read_text())
+        table = TuningTable(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+    if table.format != FORMAT or table.kernels != kernels_tag(kind) or table.mlx != mx.__version__:
+        return None
+    return table
+
+
+def save_table(table: TuningTable) -> Path:
+    """Write the table atomically; returns its path."""
+    path = table_path(table.chip, table.mlx)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(table), indent=1, sort_keys=True))
+    tmp.replace(path)
+    return path
+
+
+def default_candidates(kind: str) -> list:
+    """Every candidate for `kind`: the device kernels plus the plain-MLX alternatives."""
+    return [*qmm.candidates(kind), PaddedCandidate(8), DequantizedCandidate()]
+
+
+def measure(fns: dict[str, Callable[[], mx.array]], rounds: int = 7, repeats: int = 20) -> dict[str, list[float]]:
+    """Seconds per call of each function: interleaved rounds, every sample kept.
+
+    Each sample evaluates `repeats` independent calls together, because timing only
+    the last of several lazy results would miss the others.
+    """
+    for fn in fns.values():
+        mx.eval(fn())  # compile and warm up outside the samples
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            mx.eval([fn() for _ in range(repeats)])
+            samples[name].append((time.perf_counter() - start) / repeats)
+    return samples
+
+
+def _screen(candidates: list, problems: list[Problem], table: TuningTable,
+            progress: Callable[[str], None], shapes) -> list:
+    """Candidates that pass the full verification sweep for every quantization in `problems`."""
+    quants = sorted({(p.bits, p.group_size, p.dtype) for p in problems})
+    kept = []
+    for cand in candidates:
+        for bits, group, dtype in quants:
+            verdicts = verify(cand, default_cases(bits, group, getattr(mx, dtype), shapes=shapes))
+            if verdicts and not passes(verdicts):
+                bad = next(v for v in verdicts if not v.ok)
+                table.rejected[cand.name] = f"{bad.case.describe()}: {bad.reason}"
+                progress(f"rejected {cand.name}: {table.rejected[cand.name]}")
+                break
+        else:
+            kept.append(cand)
+    return kept
+
+
+def _tune_one(problem: Problem, rows: int, candidates: list, rounds: int, repeats: int) -> tuple[str, dict]:
+    """The fastest verified choice for one (problem, rows) and the median microseconds of each."""
+    dtype = problem.mx_dtype
+    usable = [c for c in candidates if c.supports(rows, problem.bits, problem.group_size, dtype, dtype)]
+    case = Case(rows, problem.n, problem.k, problem.bits, problem.group_size, dtype)
+    usable = [c for c in usable if check(c, case).ok]  # this exact shape, fresh data
+    x, w, scales, biases = random_problem(rows, problem.n, problem.k, problem.bits, problem.group_size, dtype)
+    args = (x, w, scales, biases, problem.group_size, problem.bits)
+    fns = {MLX_OP: lambda: quantized_matmul(*args)}
+    fns.update({c.name: (lambda c=c: c(*args)) for c in usable})
+    medians = {name: statistics.median(s) * 1e6 for name, s in measure(fns, rounds, repeats).items()}
+    best = min(medians, key=medians.get)
+    choice = best if medians[best] < medians[MLX_OP] * (1 - MARGIN) else MLX_OP
+    return choice, {name: round(us, 2) for name, us in medians.items()}
+
+
+def tune(problems: list[Problem], rows: range | list[int] = range(1, qmm.MAX_ROWS + 1), candidates=None,
+         table: TuningTable | None = None, pause: Callable[[], bool] | None = None,
+         progress: Callable[[str], None] | None = None, rounds: int = 7, repeats: int = 20,
+         screen_shapes=DEFAULT_SHAPES) -> TuningTable:
+    """Tune every (problem, rows) not yet in `table`; stops early (complete=False) when `pause()`.
+
+    Candidates are first screened on `screen_shapes` (odd sizes) for every quantization.
+    """
+    kind, chip = current_chip()
+    progress = progress or (lambda _msg: None)
+    if table is None:
+        table = TuningTable(chip=chip, mlx=mx.__version__, kernels=kernels_tag(kind))
+    pool = _screen(default_candidates(kind) if candidates is None else candidates, problems, table, progress,
+                   screen_shapes)
+    for problem in problems:
+        done = table.choices.setdefault(problem.key, {})
+        for m in rows:
+            if str(m) in done:
+                continue
+            if pause is not None and pause():
+                return table
+            choice, timings = _tune_one(problem, m, pool, rounds, repeats)
+            done[str(m)] = choice
+            table.timings_us.setdefault(problem.key, {})[str(m)] = timings
+            progress(f"{problem.key} M={m}: {choice} ({timings[choice]:.1f} us, mlx {timings[MLX_OP]:.1f} us)")
+    table.complete = True
+    return table
+
+
+def model_problems(model) -> list[Problem]:
+    """The distinct quantized-linear problems of a model (affine 4/8-bit layers only)."""
+    import mlx.nn as nn
+
+    seen = {}
+    for _path, layer in model.named_modules():
+        if isinstance(layer, nn.QuantizedLinear) and getattr(layer, "mode", "affine") == "affine":
+            n, packed = layer.weight.shape
+            problem = Problem(n, packed * 32 // layer.bits, layer.bits, layer.group_size,
+                              str(layer.scales.dtype).rsplit(".", 1)[-1])
+            seen[problem.key] = problem
+    return list(seen.values())

@@ -1,0 +1,108 @@
+"""Decide whether a candidate kernel computes what its reference computes, on fresh data.
+
+Errors are measured against a float32 ground truth (dequantize, then matmul) relative to
+the largest output; a candidate passes within the rounding allowance of its dtype. Non-
+finite output never passes, nor does a candidate that raises or returns the wrong shape
+or dtype. (MLX's own op is not the yardstick: its CPU path accumulates bf16 in bf16.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from locals.engine.kernels.reference import dequantized_matmul, random_problem
+
+# The largest error a correct kernel shows from rounding to the dtype (relative to the
+# largest output), with room for another summation order; dropping one group of K=2560
+# already costs ~5%.
+ERROR_LIMIT = {mx.float32: 1e-4, mx.float16: 4e-3, mx.bfloat16: 2e-2}
+# Odd column counts and K spanning an odd number of groups catch edge handling (tuning
+# also checks each real layer shape before timing it).
+DEFAULT_SHAPES = ((97, 640), (1000, 1920))
+DEFAULT_ROWS = (1, 2, 3, 5, 8, 13, 16)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One problem: `rows` inputs of width `k` times an (n, k) quantized weight."""
+
+    rows: int
+    n: int
+    k: int
+    bits: int
+    group_size: int
+    dtype: mx.Dtype
+
+    def describe(self) -> str:
+        return f"M={self.rows} {self.n}x{self.k} q{self.bits} g{self.group_size} {_dtype_name(self.dtype)}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one case: passed or not, the measured and allowed error, and why."""
+
+    case: Case
+    ok: bool
+    error: float
+    limit: float
+    reason: str = ""
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def default_cases(bits: int, group_size: int, dtype, rows=DEFAULT_ROWS, shapes=DEFAULT_SHAPES) -> list[Case]:
+    """Every (rows, shape) pair for one quantization; K is rounded up to whole groups."""
+    cases = []
+    for n, k in shapes:
+        k = -(-k // group_size) * group_size
+        cases.extend(Case(m, n, k, bits, group_size, dtype) for m in rows)
+    return cases
+
+
+def _relative_error(got: mx.array, truth: mx.array, scale: float) -> float:
+    return (mx.abs(got.astype(mx.float32) - truth).max() / scale).item()
+
+
+def check(candidate, case: Case) -> Verdict:
+    """Run `candidate` on one fresh random problem and compare it with the float32 truth."""
+    x, w, scales, biases = random_problem(case.rows, case.n, case.k, case.bits, case.group_size, case.dtype)
+    args = (x, w, scales, biases, case.group_size, case.bits)
+    truth = dequantized_matmul(*args)
+    scale = max(mx.abs(truth).max().item(), 1e-6)
+    limit = ERROR_LIMIT[case.dtype]
+    try:
+        got = candidate(*args)
+        mx.eval(got)
+    except Exception as exc:  # a kernel that fails to compile or launch is rejected, not fatal
+        return Verdict(case, False, float("inf"), limit, f"raised {type(exc).__name__}: {exc}")
+    if tuple(got.shape) != tuple(truth.shape):
+        return Verdict(case, False, float("inf"), limit, f"shape {tuple(got.shape)} != {tuple(truth.shape)}")
+    if got.dtype != x.dtype:
+        return Verdict(case, False, float("inf"), limit, f"dtype {got.dtype} != {x.dtype}")
+    if not mx.all(mx.isfinite(got)).item():
+        return Verdict(case, False, float("nan"), limit, "non-finite output")
+    error = _relative_error(got, truth, scale)
+    ok = error <= limit  # False for NaN too
+    return Verdict(case, ok, error, limit, "" if ok else f"error {error:.2e} > {limit:.2e}")
+
+
+def verify(candidate, cases: list[Case], stop_at_first_failure: bool = True) -> list[Verdict]:
+    """Check every case the candidate supports; by default stop at the first failure."""
+    verdicts = []
+    for case in cases:
+        if not candidate.supports(case.rows, case.bits, case.group_size, case.dtype, case.dtype):
+            continue
+        verdict = check(candidate, case)
+        verdicts.append(verdict)
+        if stop_at_first_failure and not verdict.ok:
+            break
+    return verdicts
+
+
+def passes(verdicts: list[Verdict]) -> bool:
+    """True when at least one case ran and every case passed."""
+    return bool(verdicts) and all(v.ok for v in verdicts)

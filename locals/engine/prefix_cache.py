@@ -1,0 +1,90 @@
+"""Prefix cache: KV of token prefixes kept so a prompt that starts the same skips that prefill.
+
+`lookup(tokens)` returns how many leading tokens have stored KV and that KV (per-layer
+arrays at least that long); `insert(tokens, kv)` stores the KV of exactly `tokens`.
+`MemoryPrefixCache` keeps entries in memory under a byte budget, least recently used out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Protocol
+
+import numpy as np
+
+from locals.engine.kv import LayerKV
+
+
+class PrefixCache(Protocol):
+    def lookup(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]: ...
+
+    def insert(self, tokens: list[int], kv: list[LayerKV]) -> None: ...
+
+
+class NoPrefixCache:
+    """Keeps nothing (prefix reuse off)."""
+
+    def lookup(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]:
+        return 0, None
+
+    def insert(self, tokens: list[int], kv: list[LayerKV]) -> None:
+        return None
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
+
+
+class MemoryPrefixCache:
+    """Longest-prefix reuse over in-memory entries; LRU eviction under `budget_bytes`.
+
+    Any entry serves any prompt up to their common prefix, because a token's KV depends
+    only on the tokens before it.
+    """
+
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[tuple[int, ...], tuple[np.ndarray, list[LayerKV], int]] = OrderedDict()
+        self.nbytes = 0
+        self.hits = 0
+        self.lookups = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]:
+        self.lookups += 1
+        query = np.asarray(tokens, dtype=np.int64)
+        best_n, best_key = 0, None
+        for key, (arr, _, _) in self._entries.items():
+            n = _common_prefix(arr, query)
+            if n > best_n:
+                best_n, best_key = n, key
+        if best_key is None:
+            return 0, None
+        self._entries.move_to_end(best_key)
+        self.hits += 1
+        return best_n, self._entries[best_key][1]
+
+    def insert(self, tokens: list[int], kv: list[LayerKV]) -> None:
+        size = sum(k.nbytes + v.nbytes for k, v in kv)
+        if not tokens or size > self.budget_bytes:
+            return
+        arr = np.asarray(tokens, dtype=np.int64)
+        for key, (old, _, _) in list(self._entries.items()):
+            common = _common_prefix(old, arr)
+            if common == len(arr):  # already covered by a longer (or equal) entry
+                self._entries.move_to_end(key)
+                return
+            if common == len(old):  # the new entry covers the old one
+                self._drop(key)
+        self._entries[tuple(tokens)] = (arr, kv, size)
+        self.nbytes += size
+        while self.nbytes > self.budget_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        _, _, size = self._entries.pop(key)
+        self.nbytes -= size

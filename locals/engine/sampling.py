@@ -1,0 +1,122 @@
+"""Sampling for a whole batch on the device: constraint masks, temperature, top-k/top-p/min-p,
+per-row PRNG keys, and log-probabilities.
+
+Each row carries its own key, split once per sampled token, so a seeded request draws
+the same tokens whatever its batch mates are. Rows without a constraint mask or a
+sampling setting add no work beyond what the batch needs for the rows that have one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+_split = mx.vmap(lambda key: mx.random.split(key))
+
+
+@dataclass
+class RowSampling:
+    """What one row needs from the sampler this step."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    key: mx.array  # (2,) uint32 PRNG key
+    mask: mx.array | None = None  # (W,) uint32 bitmask of allowed tokens, None = all
+    top_logprobs: int = -1  # -1: no logprobs; 0: the chosen token's; k: also the top k
+
+
+@dataclass
+class Sampled:
+    """The batch's draws (lazy until evaluated), row order as given."""
+
+    tokens: mx.array  # (S,) int32
+    keys: mx.array  # (S, 2) next PRNG keys
+    logprobs: mx.array | None = None  # (S,) logprob of each chosen token
+    top_ids: mx.array | None = None  # (S, k) most likely tokens, best first
+    top_logprobs: mx.array | None = None  # (S, k)
+
+    def arrays(self) -> list[mx.array]:
+        return [a for a in (self.tokens, self.keys, self.logprobs, self.top_ids, self.top_logprobs) if a is not None]
+
+
+def apply_masks(logits: mx.array, masks: list[mx.array | None]) -> mx.array:
+    """Set logits outside each row's bitmask to -inf, in one `where` over the stacked masks."""
+    if all(m is None for m in masks):
+        return logits
+    vocab = logits.shape[-1]
+    width = (vocab + 31) // 32
+    full = mx.full((width,), 0xFFFFFFFF, dtype=mx.uint32)
+    words = mx.stack([full if m is None else m[:width] for m in masks])
+    shifts = mx.arange(32, dtype=mx.uint32)
+    bits = ((words[:, :, None] >> shifts) & 1).reshape(len(masks), -1)[:, :vocab]
+    return mx.where(bits.astype(mx.bool_), logits, -mx.inf)
+
+
+def sample(logits: mx.array, rows: list[RowSampling]) -> Sampled:
+    """Draw one token per row from `logits` (S, vocab)."""
+    logits = apply_masks(logits.astype(mx.float32), [r.mask for r in rows])
+    greedy = mx.argmax(logits, axis=-1)
+    keys = mx.stack([r.key for r in rows])
+    if all(r.temperature <= 0 for r in rows):
+        tokens = greedy  # greedy rows never use their key, so it stays as it is
+    else:
+        split = _split(keys)
+        keys = split[:, 0]
+        drawn = _draw(logits, rows, split[:, 1])
+        is_greedy = mx.array([r.temperature <= 0 for r in rows])
+        tokens = mx.where(is_greedy, greedy, drawn)
+    out = Sampled(tokens=tokens.astype(mx.int32), keys=keys)
+    want = max(r.top_logprobs for r in rows)
+    if want >= 0:
+        _add_logprobs(out, logits, want)
+    return out
+
+
+def _draw(logits: mx.array, rows: list[RowSampling], keys: mx.array) -> mx.array:
+    temps = mx.array([r.temperature if r.temperature > 0 else 1.0 for r in rows])[:, None]
+    scaled = logits / temps
+    if any(r.top_k > 0 for r in rows):
+        scaled = _top_k(scaled, [r.top_k for r in rows])
+    if any(r.top_p < 1.0 for r in rows):
+        scaled = _top_p(scaled, [r.top_p for r in rows])
+    if any(r.min_p > 0.0 for r in rows):
+        probs = mx.softmax(scaled, axis=-1)
+        floor = mx.array([r.min_p for r in rows])[:, None] * probs.max(axis=-1, keepdims=True)
+        scaled = mx.where(probs < floor, -mx.inf, scaled)
+    # Gumbel-max: argmax(logits + Gumbel noise) is a draw from softmax(logits).
+    noise = mx.vmap(lambda k: mx.random.gumbel(shape=(scaled.shape[-1],), key=k))(keys)
+    return mx.argmax(scaled + noise, axis=-1)
+
+
+def _top_k(scaled: mx.array, ks: list[int]) -> mx.array:
+    vocab = scaled.shape[-1]
+    ordered = mx.sort(scaled, axis=-1)  # ascending
+    # The k-th largest value sits at index vocab - k; k = 0 keeps everything.
+    idx = mx.array([vocab - k if 0 < k < vocab else 0 for k in ks])[:, None]
+    kth = mx.take_along_axis(ordered, idx, axis=-1)
+    return mx.where(scaled < kth, -mx.inf, scaled)
+
+
+def _top_p(scaled: mx.array, ps: list[float]) -> mx.array:
+    probs = mx.softmax(scaled, axis=-1)
+    desc = -mx.sort(-probs, axis=-1)
+    before = mx.cumsum(desc, axis=-1) - desc
+    top_p = mx.array(ps)[:, None]
+    # Keep the smallest set of most likely tokens whose mass reaches top_p (at least one).
+    kept = before < top_p
+    floor = mx.min(mx.where(kept, desc, mx.inf), axis=-1, keepdims=True)
+    return mx.where(probs < floor, -mx.inf, scaled)
+
+
+def _add_logprobs(out: Sampled, logits: mx.array, k: int) -> None:
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    out.logprobs = mx.take_along_axis(logprobs, out.tokens[:, None], axis=-1)[:, 0]
+    if k > 0:
+        top = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[:, :k]
+        vals = mx.take_along_axis(logprobs, top, axis=-1)
+        order = mx.argsort(-vals, axis=-1)
+        out.top_ids = mx.take_along_axis(top, order, axis=-1)
+        out.top_logprobs = mx.take_along_axis(vals, order, axis=-1)

@@ -1,0 +1,170 @@
+"""One running request inside the engine: its inputs still to feed, its KV, its output so far,
+and the rules that turn each new token into events (stop tokens, stop strings, constraint,
+guards, max_tokens).
+
+Owned by the engine thread. A `Sequence` never touches other sequences; an exception in
+its own logic is caught by the engine and fails this request only.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+import mlx.core as mx
+
+from locals.engine.guards import Guard
+from locals.engine.kv import RowKV
+from locals.engine.stops import StopText
+from locals.protocol import Event, FinishEvent, GenerationRequest, TokenEvent, TokenLogprob, Usage
+
+
+class Sequence:
+    """A request admitted into the batch."""
+
+    def __init__(self, request: GenerationRequest, sink: Callable[[Event], None], kv: RowKV,
+                 tokenizer, guards: list[Guard], submitted_at: float):
+        self.request = request
+        self.sink = sink
+        self.kv = kv
+        self.prompt = list(request.prompt_tokens)
+        self.pending: list[int] = list(self.prompt)  # known tokens still to feed
+        self.lazy: mx.array | None = None  # last sampled token, not read back yet, to feed first
+        self.generated: list[int] = []  # every sampled or forced token, stop tokens included
+        self.sampled_steps = 0  # tokens sampled, including steps still in flight
+        self.inflight = 0
+        self.constraint = request.constraint
+        self.guards = guards
+        self.stop_ids = set(tokenizer.eos_token_ids) | set(request.sampling.stop_token_ids)
+        self.detok = tokenizer.detokenizer
+        self.stop_text = StopText(request.sampling.stop)
+        self.cache_points = sorted(p for p in request.cache_points if 0 < p <= len(self.prompt))
+        seed = request.sampling.seed
+        self.key = mx.random.key(seed if seed is not None else random.getrandbits(63))
+        self.cached_tokens = 0
+        self.submitted_at = submitted_at
+        self.first_token_at: float | None = None
+        self.finished = False
+        self.finish_reason: str | None = None
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def prefilling(self) -> bool:
+        return self.sampled_steps == 0
+
+    @property
+    def input_len(self) -> int:
+        return len(self.pending) + (1 if self.lazy is not None else 0)
+
+    @property
+    def needs_sync(self) -> bool:
+        """A constrained row needs its last token accepted before its next mask exists."""
+        return self.constraint is not None and self.inflight > 0
+
+    @property
+    def can_sample_more(self) -> bool:
+        return self.sampled_steps < self.request.sampling.max_tokens
+
+    def take_input(self, n: int) -> mx.array:
+        """The next `n` input tokens as a lazy (n,) int32 array, removed from what is left to feed."""
+        parts = []
+        if self.lazy is not None:
+            parts.append(self.lazy)
+            self.lazy = None
+            n -= 1
+        if n > 0:
+            parts.append(mx.array(self.pending[:n], dtype=mx.int32))
+            del self.pending[:n]
+        return mx.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt), len(self.generated), self.cached_tokens)
+
+    def all_tokens(self) -> list[int]:
+        return self.prompt + self.generated
+
+    # --- turning new tokens into events -------------------------------------------------
+
+    def on_sampled(self, token: int, logprob: TokenLogprob | None) -> None:
+        """Handle one sampled token: emit its text, finish when a stop rule says so."""
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        self.generated.append(token)
+        if token in self.stop_ids:
+            return self._finish_text("stop")
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        if self._append(token, logprob, forced=False):
+            return
+        if self.constraint is not None:
+            self._after_constraint_step()
+
+    def _append(self, token: int, logprob: TokenLogprob | None, forced: bool) -> bool:
+        """Emit `token`'s text; True when the sequence finished because of it."""
+        for guard in self.guards:
+            reason = guard.on_token(token, self.generated)
+            if reason:
+                self._finish_text(reason)
+                return True
+        self.detok.add_token(token)
+        text = self.stop_text.feed(self.detok.last_segment)
+        self.sink(TokenEvent(self.id, [token], text, [logprob] if logprob else None, forced))
+        if self.stop_text.hit:
+            self.finish("stop")
+            return True
+        if len(self.generated) >= self.request.sampling.max_tokens:
+            self._finish_text("length")
+            return True
+        return False
+
+    def _after_constraint_step(self) -> None:
+        c = self.constraint
+        if c.is_complete():
+            return self._finish_text("stop")
+        forced = c.forced_tokens()
+        for token in forced:
+            if self._room_left_for_closing():
+                return
+            self.generated.append(token)
+            c.accept(token)
+            self.pending.append(token)
+            if self._append(token, None, forced=True):
+                return
+            if c.is_complete():
+                return self._finish_text("stop")
+        self._room_left_for_closing()
+
+    def _room_left_for_closing(self) -> bool:
+        """When only the closing tokens still fit in max_tokens, append them and finish "length"."""
+        closing = self.constraint.closing_tokens()
+        remaining = self.request.sampling.max_tokens - len(self.generated)
+        if not closing or remaining > len(closing):
+            return False
+        for token in closing:
+            self.generated.append(token)
+            self.constraint.accept(token)
+            self.detok.add_token(token)
+            text = self.stop_text.feed(self.detok.last_segment)
+            self.sink(TokenEvent(self.id, [token], text, None, True))
+        self._finish_text("length")
+        return True
+
+    def _finish_text(self, reason: str) -> None:
+        self.detok.finalize()
+        tail = self.stop_text.feed(self.detok.last_segment) if not self.stop_text.hit else ""
+        tail += self.stop_text.flush()
+        if tail:
+            self.sink(TokenEvent(self.id, [], tail))
+        self.finish(reason)
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        """Send the one FinishEvent; later calls do nothing."""
+        if self.finished:
+            return
+        self.finished = True
+        self.finish_reason = reason
+        self.sink(FinishEvent(self.id, reason, self.usage(), error))

@@ -1,0 +1,36 @@
+"""Engine tuning knobs (`EngineConfig`) and the helpers that derive defaults from the device.
+
+No scheduling logic here: the scheduler, admission and caches read these values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass
+class EngineConfig:
+    """How the engine batches: rows per step, tokens per step, memory for KV."""
+
+    # Most sequences decoding at once; more wait for a slot.
+    max_batch: int = 64
+    # Tokens one forward pass may carry (decode rows count 1 each); prompts are
+    # read in chunks of what is left, so a long prompt never stalls the others for long.
+    step_token_budget: int = 256
+    # Smallest prompt chunk per step, even when decode rows used up the budget, so
+    # prefill always advances.
+    min_prefill_chunk: int = 32
+    # Bytes of KV the engine may hold (admission); None = half of available memory at start.
+    kv_budget_bytes: int | None = None
+    # Bytes the in-memory prefix cache may keep; 0 disables it.
+    prefix_cache_bytes: int = 256 * 1024 * 1024
+    # Queue step n+1 before reading step n's tokens.
+    pipeline: bool = True
+
+    def resolved_kv_budget(self) -> int:
+        """The KV budget in bytes, deriving the default from free memory now."""
+        if self.kv_budget_bytes is not None:
+            return int(self.kv_budget_bytes)
+        return int(psutil.virtual_memory().available * 0.5)

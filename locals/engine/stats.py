@@ -1,0 +1,48 @@
+"""Counters and rates the engine thread updates and `Engine.stats()` reads."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+
+class RateMeter:
+    """Events per second over the last `window` seconds."""
+
+    def __init__(self, window: float = 5.0):
+        self.window = window
+        self._events: deque[tuple[float, int]] = deque()
+
+    def add(self, n: int, now: float | None = None) -> None:
+        now = time.perf_counter() if now is None else now
+        self._events.append((now, n))
+        self._trim(now)
+
+    def rate(self, now: float | None = None) -> float:
+        now = time.perf_counter() if now is None else now
+        self._trim(now)
+        if not self._events:
+            return 0.0
+        span = max(now - self._events[0][0], 1e-3)
+        return sum(n for _, n in self._events) / span
+
+    def _trim(self, now: float) -> None:
+        while self._events and now - self._events[0][0] > self.window:
+            self._events.popleft()
+
+
+@dataclass
+class Counters:
+    """Totals since the engine started."""
+
+    requests_total: int = 0
+    requests_finished: int = 0
+    prompt_tokens_total: int = 0
+    generated_tokens_total: int = 0
+    cached_tokens_total: int = 0
+    steps: int = 0
+    last_ttft_s: float = 0.0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    decode: RateMeter = field(default_factory=RateMeter)
+    prefill: RateMeter = field(default_factory=RateMeter)

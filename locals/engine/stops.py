@@ -1,0 +1,50 @@
+"""Stop strings over streamed text: emit what is safe, hold back what could start a stop string.
+
+The stop text itself is never emitted; text after it is dropped.
+"""
+
+from __future__ import annotations
+
+
+class StopText:
+    """Accumulates a request's decoded text and decides what may be streamed now."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.text = ""
+        self.emitted = 0
+        self.hit = False
+
+    def feed(self, segment: str) -> str:
+        """Add newly decoded text; return the text that can be streamed now.
+
+        Sets `hit` when a stop string completed; the returned text then ends right before it.
+        """
+        self.text += segment
+        if not self.stops:
+            return self._emit_to(len(self.text))
+        start = max(0, self.emitted - self.longest + 1)
+        found = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        if found:
+            self.hit = True
+            return self._emit_to(max(min(found), self.emitted))
+        return self._emit_to(len(self.text) - self._held_back())
+
+    def flush(self) -> str:
+        """At the end without a stop match: the text still held back."""
+        return "" if self.hit else self._emit_to(len(self.text))
+
+    def _held_back(self) -> int:
+        # The longest tail of the text that is a proper prefix of some stop string.
+        tail = self.text[-self.longest :]
+        for k in range(min(len(tail), self.longest - 1), 0, -1):
+            if any(s.startswith(tail[-k:]) for s in self.stops):
+                return k
+        return 0
+
+    def _emit_to(self, end: int) -> str:
+        end = max(end, self.emitted)
+        out = self.text[self.emitted : end]
+        self.emitted = end
+        return out

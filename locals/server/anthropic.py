@@ -1,0 +1,217 @@
+"""Anthropic Messages API: `POST /v1/messages` (plain and streamed) and `/v1/messages/count_tokens`.
+
+Claude Code sends `?beta=true`, `thinking`, `context_management`, cache_control hints and
+server tools; what is not implemented is accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from contextlib import aclosing
+from typing import Any
+
+from aiohttp import web
+
+from locals.errors import RequestError
+from locals.protocol import SamplingParams, Usage
+from locals.server.backend import Chat, Done, Text, guard_detail, start
+from locals.server.wire import get, read_json, stop_list
+from locals.server.messages import DEFAULT_MAX_TOKENS, assistant_call, function_tool, text_of
+from locals.server.state import backend_of
+from locals.server.streaming import EventStream
+from locals.server.toolcalls import ToolCall
+
+_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "loop": "end_turn",
+         "cancelled": "end_turn", "memory": "max_tokens"}
+_SKIPPED_BLOCKS = {"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"}
+
+
+def _blocks(content: Any, where: str) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise RequestError(f"{where}.content must be a string or an array of content blocks")
+    if not all(isinstance(b, dict) for b in content):
+        raise RequestError(f"{where}.content blocks must be objects")
+    return content
+
+
+def _convert_message(msg: Any, where: str) -> list[dict]:
+    """One Anthropic message as template messages (tool results become `tool` messages)."""
+    if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
+        raise RequestError(f"{where} must be an object with role user or assistant")
+    texts, calls, out = [], [], []
+    for block in _blocks(msg.get("content"), where):
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(text_of([block], where))
+        elif kind == "tool_use" and msg["role"] == "assistant":
+            calls.append(assistant_call(block.get("id"), block.get("name"), block.get("input"), where))
+        elif kind == "tool_result":
+            result = block.get("content")
+            text = text_of(result if not isinstance(result, list) else
+                           [b for b in result if b.get("type") == "text"], where)
+            if block.get("is_error"):
+                text = f"Error: {text}"
+            out.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "",
+                        "content": text})
+        elif kind == "document" and (block.get("source") or {}).get("type") == "text":
+            texts.append(block["source"].get("data", ""))
+        elif kind in ("image", "document"):
+            raise RequestError(f"{where}: this model reads text only; remove the {kind} block")
+        elif kind not in _SKIPPED_BLOCKS:
+            raise RequestError(f"{where}: unknown content block type {kind!r}")
+    if texts or calls or not out:
+        item = {"role": msg["role"], "content": "".join(texts)}
+        if calls:
+            item["tool_calls"] = calls
+        out.append(item)
+    return out
+
+
+def chat_messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("`messages` must be a non-empty array")
+    out = []
+    systems = [text_of(_blocks(body["system"], "system"), "system")] if body.get("system") else []
+    # Claude Code also sends `role: "system"` messages (its environment notes) among the
+    # messages; chat templates want one system prompt first, so they are folded into it.
+    systems += [text_of(_blocks(m.get("content"), f"messages[{i}]"), f"messages[{i}]")
+                for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "system"]
+    if systems:
+        out.append({"role": "system", "content": "\n\n".join(s for s in systems if s)})
+    names: dict[str, str] = {}
+    for i, msg in enumerate(messages):
+        if isinstance(msg, dict) and msg.get("role") == "system":
+            continue
+        for item in _convert_message(msg, f"messages[{i}]"):
+            for call in item.get("tool_calls", []):
+                names[call["id"]] = call["function"]["name"]
+            if item["role"] == "tool":
+                item["name"] = names.get(item["tool_call_id"], "")
+            out.append(item)
+    return out
+
+
+def chat_tools(tools: Any) -> list[dict] | None:
+    """Client tools; Anthropic's server tools (web search, bash_2025…) have a `type` and are skipped."""
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise RequestError("`tools` must be an array")
+    out = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise RequestError(f"tools[{i}] must be an object")
+        if tool.get("type") not in (None, "custom"):
+            continue
+        out.append(function_tool(tool.get("name"), tool.get("description"),
+                                 tool.get("input_schema"), f"tools[{i}]"))
+    return out or None
+
+
+def tool_choice_of(value: Any) -> Any:
+    if value is None:
+        return "auto"
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind in ("auto", "none"):
+        return kind
+    if kind == "any":
+        return "required"
+    if kind == "tool" and isinstance(value.get("name"), str):
+        return {"type": "function", "function": {"name": value["name"]}}
+    raise RequestError("`tool_choice.type` must be auto, any, tool (with a name) or none")
+
+
+def _usage(usage: Usage) -> dict:
+    return {"input_tokens": usage.prompt_tokens - usage.cached_tokens,
+            "cache_read_input_tokens": usage.cached_tokens, "cache_creation_input_tokens": 0,
+            "output_tokens": usage.completion_tokens}
+
+
+def _tool_block(call: ToolCall) -> dict:
+    return {"type": "tool_use", "id": f"toolu_{call.id.removeprefix('call_')}", "name": call.name,
+            "input": call.arguments}
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    backend = backend_of(request)
+    body = await read_json(request)
+    max_tokens = get(body, "max_tokens", int, DEFAULT_MAX_TOKENS)
+    if max_tokens < 1:
+        raise RequestError("`max_tokens` must be at least 1")
+    chat = Chat(api="anthropic", messages=chat_messages(body), tools=chat_tools(body.get("tools")),
+                tool_choice=tool_choice_of(body.get("tool_choice")),
+                parallel_tool_calls=not (body.get("tool_choice") or {}).get("disable_parallel_tool_use", False),
+                sampling=SamplingParams(
+                    temperature=get(body, "temperature", float, 1.0),
+                    top_p=get(body, "top_p", float, 1.0), top_k=get(body, "top_k", int, 0),
+                    max_tokens=max_tokens, stop=stop_list(body.get("stop_sequences"), "stop_sequences")))
+    model = body.get("model") if isinstance(body.get("model"), str) else f"locals/{backend.name}"
+    msg_id = f"msg_{uuid.uuid4().hex[:24]}"
+    if get(body, "stream", bool, False):
+        async with aclosing(await start(backend, chat)) as outputs:
+            return await _stream(request, outputs, msg_id, model, chat.prompt_tokens)
+    result = await backend.complete(chat)
+    result.raise_for_failure()
+    content = ([{"type": "text", "text": result.text}] if result.text else [])
+    content += [_tool_block(c) for c in result.calls]
+    return web.json_response({"id": msg_id, "type": "message", "role": "assistant", "model": model,
+                              "content": content, "stop_reason": _STOP.get(result.done.reason, "end_turn"),
+                              "stop_sequence": None, "usage": _usage(result.done.usage),
+                              **guard_detail(result.done)})
+
+
+async def _stream(request: web.Request, outputs, msg_id: str, model: str,
+                  prompt_tokens: int) -> web.StreamResponse:
+    stream = await EventStream(request).open()
+
+    async def send(kind: str, **fields) -> None:
+        await stream.send({"type": kind, **fields}, event=kind)
+
+    await send("message_start", message={
+        "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}})
+    await send("ping")
+    index, text_open = 0, False
+    async for out in outputs:
+        if isinstance(out, Text) and out.text:
+            if not text_open:
+                await send("content_block_start", index=index, content_block={"type": "text", "text": ""})
+                text_open = True
+            await send("content_block_delta", index=index, delta={"type": "text_delta", "text": out.text})
+        elif isinstance(out, ToolCall):
+            if text_open:
+                await send("content_block_stop", index=index)
+                index, text_open = index + 1, False
+            await send("content_block_start", index=index, content_block={**_tool_block(out), "input": {}})
+            await send("content_block_delta", index=index,
+                       delta={"type": "input_json_delta", "partial_json": out.arguments_json})
+            await send("content_block_stop", index=index)
+            index += 1
+        elif isinstance(out, Done):
+            if text_open:
+                await send("content_block_stop", index=index)
+            if out.reason == "error":
+                await send("error", error={"type": "api_error", "message": out.error or "generation failed"})
+            else:
+                await send("message_delta", delta={"stop_reason": _STOP.get(out.reason, "end_turn"),
+                                                   "stop_sequence": None}, usage=_usage(out.usage),
+                           **guard_detail(out))
+                await send("message_stop")
+    return await stream.close()
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    backend = backend_of(request)
+    body = await read_json(request)
+    tokens = await asyncio.to_thread(backend.encode_chat, chat_messages(body),
+                                     chat_tools(body.get("tools")))
+    return web.json_response({"input_tokens": len(tokens)})
+
+
+def register(app: web.Application) -> None:
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens)

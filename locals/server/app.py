@@ -1,0 +1,64 @@
+"""Builds the aiohttp application: routes of every API, the local-only guard, JSON errors.
+
+`create_app(state)` is all tests need; `run.serve` adds model loading and the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from locals.errors import RequestError
+from locals.server import anthropic, dashboard, metrics, ollama, openai, responses, status
+from locals.server.wire import api_of, error_response
+from locals.server.security import cors_headers, local_only
+from locals.server.state import STATE, STREAM_OPEN, NotReady, ServerState
+
+log = logging.getLogger("locals.server")
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler):
+    """Every failure answers in the error shape of the API the path belongs to."""
+    api = api_of(request.path)
+    try:
+        return await handler(request)
+    except RequestError as exc:
+        return error_response(api, exc.status, str(exc))
+    except NotReady as exc:
+        return error_response(api, 503, str(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(api, exc.status, _http_message(request, exc))
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:
+        if request.get(STREAM_OPEN):
+            raise  # headers are out; nothing but closing the stream is left
+        log.exception("error answering %s %s", request.method, request.path)
+        return error_response(api, 500, f"internal error: {exc}")
+
+
+def _http_message(request: web.Request, exc: web.HTTPException) -> str:
+    if exc.status == 404:
+        return f"no such endpoint: {request.method} {request.path}"
+    if exc.status == 405:
+        return f"{request.path} does not accept {request.method}"
+    if exc.status == 413:
+        limit_mb = request.app[STATE].max_body_mb
+        return (f"the request body is over the server's {limit_mb} MB limit; "
+                "restart it with a larger --max-body-mb")
+    return exc.reason or exc.text or "request failed"
+
+
+def create_app(state: ServerState) -> web.Application:
+    app = web.Application(middlewares=[json_errors, local_only],
+                          client_max_size=state.max_body_mb * (1 << 20))
+    app[STATE] = state
+    for module in (openai, responses, anthropic, ollama, status, metrics, dashboard):
+        module.register(app)
+    app.on_response_prepare.append(cors_headers)
+    return app

@@ -1,0 +1,252 @@
+"""The server's one door to the engine: turns an API-neutral `Chat` into a GenerationRequest,
+streams the engine's events back as text pieces, tool calls and a final `Done`.
+
+Only this module calls the engine (stream/cancel/stats) and the model helpers
+(render_prompt, build_constraint); the API modules speak in `Chat` and the outputs below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+from locals import toolloop
+from locals.errors import RequestError, TooLarge
+from locals.protocol import (EngineStats, FinishEvent, GenerationRequest, SamplingParams,
+                             TokenLogprob, Usage)
+from locals.server.activity import Activity
+from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Chat:
+    """What every API request becomes: chat messages (HF chat-template shape) or a raw prompt."""
+
+    api: str
+    messages: list[dict] | None = None
+    prompt: str | None = None
+    tools: list[dict] | None = None  # OpenAI shape: {"type": "function", "function": {...}}
+    tool_choice: Any = "auto"
+    json_schema: dict | None = None
+    parallel_tool_calls: bool = True
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    prompt_tokens: int = 0  # set once prepared (Anthropic's message_start reports it)
+
+    @property
+    def parses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+@dataclass
+class Text:
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class Done:
+    reason: str  # "stop", "length", "tool_calls", "cancelled", "error", "loop", "memory"
+    usage: Usage
+    error: str | None = None
+
+
+Output = Text | ToolCall | Done
+
+
+@dataclass
+class Completion:
+    """A whole reply, for non-streaming responses."""
+
+    text: str
+    calls: list[ToolCall]
+    logprobs: list[TokenLogprob]
+    done: Done
+
+    def raise_for_failure(self) -> None:
+        """A request the engine could not serve becomes an HTTP error instead of a reply."""
+        if self.done.reason == "memory":
+            raise TooLarge(self.done.error or "this request can never fit in the memory budget; "
+                           "shorten the prompt or lower max_tokens")
+        if self.done.reason == "error":
+            raise RuntimeError(self.done.error or "the engine failed on this request")
+
+
+class Backend:
+    """A loaded model plus its running engine, as the API modules see them."""
+
+    def __init__(self, loaded: Any, engine: Any, *, render: Callable | None = None,
+                 constrain: Callable | None = None, activity: Activity | None = None,
+                 boundaries: Callable | None = None):
+        if render is None or constrain is None:
+            from locals.engine import build_constraint, render_prompt
+            render = render or render_prompt
+            constrain = constrain or build_constraint
+        if boundaries is None:
+            from locals.engine import cache_points as boundaries
+        self.loaded = loaded
+        self.engine = engine
+        self._render = render
+        self._constrain = constrain
+        self._boundaries = boundaries
+        self.tool_format = tool_format_of(loaded)
+        self.activity = activity or Activity()
+
+    @property
+    def name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def model_id(self) -> str:
+        return getattr(self.loaded, "model_id", None) or self.loaded.name
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.loaded, "context_length", 0) or 0)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        try:
+            text = self._render(self.loaded, messages, tools=tools or None,
+                                add_generation_prompt=True)
+        except RequestError:
+            raise
+        except Exception as exc:  # a template that rejects these messages
+            raise RequestError(f"the model's chat template rejected the messages: {exc}") from None
+        return list(self.loaded.tokenizer.encode(text, add_special_tokens=False))
+
+    def token_text(self, token: int) -> str:
+        return self.loaded.tokenizer.decode([token])
+
+    def prepare(self, chat: Chat) -> GenerationRequest:
+        """Tokenize and constrain a chat; RequestError for what cannot be served."""
+        points: list[int] = []
+        if chat.prompt is not None:
+            tokens = list(self.loaded.tokenizer.encode(chat.prompt))
+        else:
+            tokens = self.encode_chat(chat.messages or [], chat.tools)
+            points = self._boundaries(self.loaded, chat.messages or [], chat.tools, tokens)
+        sampling = chat.sampling
+        if self.context_length:
+            room = self.context_length - len(tokens)
+            if room <= 0:
+                raise RequestError(f"the prompt is {len(tokens)} tokens but the model's context "
+                                   f"is {self.context_length}; shorten the conversation")
+            sampling.max_tokens = max(1, min(sampling.max_tokens, room))
+        constraint = None
+        if chat.parses_tools or chat.json_schema is not None:
+            constraint = self._constrain(
+                self.loaded, tools=chat.tools if chat.parses_tools else None,
+                tool_choice=chat.tool_choice if chat.parses_tools else "auto",
+                json_schema=chat.json_schema, parallel_tool_calls=chat.parallel_tool_calls,
+                max_tokens=sampling.max_tokens)
+        return GenerationRequest(prompt_tokens=tokens, sampling=sampling, constraint=constraint,
+                                 cache_points=points, meta={"api": chat.api})
+
+    async def run(self, chat: Chat) -> AsyncIterator[Output]:
+        """Stream a chat's outputs; closing the iterator early cancels it in the engine."""
+        if chat.messages and chat.tools:
+            state, loop = toolloop.check(chat.messages)
+            if state == "stop":
+                log.warning("tool-call loop stopped: %s", loop.stop_message())
+                yield Text(loop.stop_message())
+                yield Done("tool_loop", Usage())
+                return
+            if state == "steer":
+                log.info("tool-call loop: steering away from %s", loop.name)
+                chat.messages = _with_note(chat.messages, loop.steering_note())
+        # Rendering, tokenizing and compiling a constraint take from ms to seconds: off the loop.
+        request = await asyncio.to_thread(self.prepare, chat)
+        chat.prompt_tokens = len(request.prompt_tokens)
+        splitter = ToolCallSplitter(self.tool_format if chat.parses_tools else None, chat.tools)
+        record = self.activity.begin(request.id, chat.api, len(request.prompt_tokens))
+        finish, usage = "cancelled", Usage(prompt_tokens=len(request.prompt_tokens))
+        try:
+            # aclosing: leaving early (client gone) closes the engine stream, which cancels.
+            async with aclosing(self.engine.stream(request)) as events:
+                async for event in events:
+                    if isinstance(event, FinishEvent):
+                        for piece in splitter.finish():
+                            yield _wrap(piece)
+                        finish, usage = event.reason, event.usage
+                        if finish == "stop" and splitter.calls:
+                            finish = "tool_calls"
+                        yield Done(finish, usage, event.error)
+                        return
+                    self.activity.first_token(record)
+                    usage.completion_tokens += len(event.tokens)
+                    pieces = [_wrap(p) for p in splitter.feed(event.text)]
+                    if event.logprobs and not any(isinstance(p, Text) for p in pieces):
+                        pieces.insert(0, Text(""))
+                    for piece in pieces:
+                        if isinstance(piece, Text) and event.logprobs:
+                            piece.logprobs, event.logprobs = event.logprobs, None
+                        yield piece
+        finally:
+            record.tool_calls = len(splitter.calls)
+            self.activity.end(record, finish, usage.completion_tokens, usage.cached_tokens)
+
+    async def complete(self, chat: Chat) -> Completion:
+        """Run a chat to the end and gather its reply."""
+        text, calls, logprobs = [], [], []
+        done = Done("cancelled", Usage())
+        async for out in self.run(chat):
+            if isinstance(out, Text):
+                text.append(out.text)
+                logprobs.extend(out.logprobs or [])
+            elif isinstance(out, ToolCall):
+                calls.append(out)
+            else:
+                done = out
+        return Completion("".join(text), calls, logprobs, done)
+
+
+# Finish reasons of locals' own that each API reports as its plain stop, plus this detail.
+GUARD_REASONS = {"loop", "tool_loop", "memory", "cancelled"}
+
+
+def guard_detail(done: Done) -> dict:
+    """{"locals": {"finish_reason": …}} when a guard ended the reply, else {} (merged into replies)."""
+    return {"locals": {"finish_reason": done.reason}} if done.reason in GUARD_REASONS else {}
+
+
+def _with_note(messages: list[dict], note: str) -> list[dict]:
+    """The conversation with `note` appended to its last message (a tool result or the user's)."""
+    last = dict(messages[-1])
+    content = last.get("content")
+    if isinstance(content, list):
+        last["content"] = [*content, {"type": "text", "text": "\n\n" + note}]
+    else:
+        last["content"] = f"{content or ''}\n\n{note}"
+    return [*messages[:-1], last]
+
+
+def _wrap(piece: str | ToolCall) -> Text | ToolCall:
+    return Text(piece) if isinstance(piece, str) else piece
+
+
+class Started:
+    """A running chat whose first output is already in, so bad input has raised (as a 4xx)
+    before a streamed reply sends its 200; use with `contextlib.aclosing`."""
+
+    def __init__(self, outputs: AsyncIterator[Output], first: Output):
+        self._outputs, self._first = outputs, first
+
+    async def __aiter__(self):
+        yield self._first
+        async for out in self._outputs:
+            yield out
+
+    async def aclose(self) -> None:
+        await self._outputs.aclose()  # a client that left: cancels the request in the engine
+
+
+async def start(backend: Backend, chat: Chat) -> Started:
+    outputs = backend.run(chat)
+    return Started(outputs, await anext(outputs))

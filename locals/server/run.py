@@ -1,0 +1,138 @@
+"""Runs the server in the foreground: bind, answer /health at once, load the model in the
+background, start the engine, serve until SIGTERM/SIGINT, then stop cleanly.
+
+Model loading failures end the process (exit 1) with the reason in the log, which is
+what `locals start` shows the user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+
+from aiohttp import web
+from aiohttp.web_log import AccessLogger
+
+from locals.errors import LocalsError
+from locals.server.app import create_app
+from locals.server.backend import Backend
+from locals.server.security import is_loopback
+from locals.server.state import ServerState
+
+log = logging.getLogger("locals.server")
+POLLED_PATHS = {"/health", "/v1/locals/status", "/metrics"}
+
+
+class QuietAccessLogger(AccessLogger):
+    """The access log without the polling of /health, the dashboard and `locals status`."""
+
+    def log(self, request, response, time):
+        if request.path not in POLLED_PATHS:
+            super().log(request, response, time)
+
+
+def check_bind(host: str, allow_remote: bool) -> None:
+    """Binding beyond loopback exposes the model to the network: only with an explicit flag."""
+    if not is_loopback(host) and host != "localhost" and not allow_remote:
+        raise LocalsError(f"--host {host} would let other machines use this server; pass "
+                          "--allow-remote as well (and consider --api-key), or bind 127.0.0.1")
+
+
+def serve(model: str | None, host: str, port: int, *, api_key: str | None = None,
+          allow_remote: bool = False, max_body_mb: int = 32, on_bound=None) -> None:
+    """Serve until a stop signal; `on_bound(state)` runs once the port is listening."""
+    check_bind(host, allow_remote)
+    if allow_remote and not is_loopback(host):
+        log.warning("serving on %s:%s: any machine that reaches it can use the model%s", host, port,
+                    "" if api_key else " (no --api-key set)")
+    state = ServerState(model=model or "the default model", api_key=api_key,
+                        allow_remote=allow_remote, max_body_mb=max_body_mb)
+    exit_error = asyncio.run(_serve(state, model, host, port, on_bound))
+    if exit_error:
+        raise LocalsError(exit_error)
+
+
+async def _serve(state: ServerState, model: str | None, host: str, port: int,
+                 on_bound) -> str | None:
+    # handler_cancellation: a client hanging up cancels its handler, which cancels its request.
+    runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=log,
+                           access_log_class=QuietAccessLogger)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        return f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port"
+    log.info("listening on http://%s:%s, loading %s", host, port, state.model)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if on_bound:
+        on_bound(state)
+    engine, error = None, None
+    loading = asyncio.ensure_future(_load(state, model))
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if loading.done():
+            engine, error = loading.result()
+            if engine is not None:
+                await stopping
+        else:
+            loading.cancel()
+            log.info("stopped while loading %s", state.model)
+    finally:
+        stopping.cancel()
+        log.info("stopping")
+        if engine is not None:
+            engine.stop()
+        await runner.cleanup()
+    return error
+
+
+async def _load(state: ServerState, model: str | None):
+    """Load the model and start the engine; returns (engine, None) or (None, error message)."""
+    from locals.engine import Engine, load_model
+
+    try:
+        loaded = await _in_daemon_thread(load_model, model)
+    except LocalsError as exc:
+        state.load_error = str(exc)
+        log.error("cannot load %s: %s", state.model, exc)
+        return None, str(exc)
+    engine = Engine(loaded)
+    engine.start()
+    state.model = loaded.name
+    state.backend = Backend(loaded, engine)
+    log.info("serving %s (%s) loaded in %.1f s", loaded.name, loaded.model_id, loaded.load_seconds)
+    return engine, None
+
+
+def _in_daemon_thread(fn, *args):
+    """Run `fn` in a daemon thread: a stop while a model downloads or loads need not wait for it
+    (executor threads would be joined at exit)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def work() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the awaiting coroutine
+            loop.call_soon_threadsafe(_settle, future, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, future, result, None)
+
+    threading.Thread(target=work, name="locals-load", daemon=True).start()
+    return future
+
+
+def _settle(future: asyncio.Future, result, exc) -> None:
+    if future.cancelled():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)

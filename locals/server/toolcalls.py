@@ -1,0 +1,130 @@
+"""Finds tool calls in streamed model text, in the model's own format, with mlx-lm's parsers.
+
+The parser comes from the loaded model's tokenizer (mlx-lm's TokenizerWrapper carries
+`tool_call_start`, `tool_call_end` and `tool_parser`). While streaming, text that may be
+the start of a call is held back; a call is emitted whole when its end marker arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ToolFormat:
+    """How one model writes a tool call: markers around it and mlx-lm's parse function."""
+
+    start: str
+    end: str
+    parse: Callable[[str, Any], Any]
+
+
+@dataclass
+class ToolCall:
+    """One parsed call; `arguments` is always a JSON object."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    @property
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+
+def tool_format_of(loaded: Any) -> ToolFormat | None:
+    """The tool-call format of a loaded model (mlx-lm's parser, found by the engine facade);
+    models whose tools the server renders itself use json_tools."""
+    from locals.engine import tool_parser
+
+    found = tool_parser(loaded)
+    if found is None:
+        return None
+    start, end, parse = found
+    return ToolFormat(start=start, end=end, parse=parse)
+
+
+def _to_calls(parsed: Any) -> list[ToolCall]:
+    items = parsed if isinstance(parsed, list) else [parsed]
+    calls = []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise ValueError(f"not a tool call: {item!r}")
+        args = item.get("arguments", item.get("parameters", {}))
+        if isinstance(args, str):
+            args = json.loads(args) if args.strip() else {}
+        if not isinstance(args, dict):
+            raise ValueError("tool call arguments are not an object")
+        calls.append(ToolCall(name=item["name"], arguments=args))
+    return calls
+
+
+class ToolCallSplitter:
+    """Feed model text in pieces; get back plain text (str) and complete ToolCall objects."""
+
+    def __init__(self, fmt: ToolFormat | None, tools: list[dict] | None = None):
+        self.fmt = fmt
+        self.tools = tools
+        self.calls: list[ToolCall] = []
+        self._buf = ""
+        self._in_call = False
+
+    def feed(self, text: str) -> list[str | ToolCall]:
+        if self.fmt is None:
+            return [text] if text else []
+        self._buf += text
+        out: list[str | ToolCall] = []
+        while True:
+            if self._in_call:
+                end = self._buf.find(self.fmt.end) if self.fmt.end else -1
+                if end < 0:
+                    return out
+                body, self._buf = self._buf[:end], self._buf[end + len(self.fmt.end):]
+                self._in_call = False
+                out.extend(self._parse(body))
+                continue
+            start = self._buf.find(self.fmt.start)
+            if start < 0:
+                keep = _partial_suffix(self._buf, self.fmt.start)
+                emit, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep:]
+                if emit:
+                    out.append(emit)
+                return out
+            if start:
+                out.append(self._buf[:start])
+            self._buf = self._buf[start + len(self.fmt.start):]
+            self._in_call = True
+
+    def finish(self) -> list[str | ToolCall]:
+        """Flush at the end of generation: a call left open (no end marker) is parsed as is."""
+        rest, self._buf = self._buf, ""
+        if not rest:
+            return []
+        if self._in_call:
+            self._in_call = False
+            return self._parse(rest)
+        return [rest]
+
+    def _parse(self, body: str) -> list[str | ToolCall]:
+        try:
+            calls = _to_calls(self.fmt.parse(body, self.tools))
+        except (ValueError, KeyError, TypeError) as exc:
+            # Not a valid call: the text is the model's reply, keep it rather than drop it.
+            log.warning("unparsable tool call (%s): %.200s", exc, body)
+            return [self.fmt.start + body + self.fmt.end]
+        self.calls.extend(calls)
+        return list(calls)
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0

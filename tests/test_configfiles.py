@@ -1,0 +1,158 @@
+"""setup → disconnect on real config files: comments survive, user edits after setup are kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import tomlkit
+
+from integrations import configfiles, jsonc
+
+OPENCODE_JSONC = """{
+  // my own settings, keep them
+  "$schema": "https://opencode.ai/config.json",
+  "theme": "tokyonight", /* the dark one */
+  "model": "anthropic/claude-sonnet-4-5",
+  "provider": {
+    "anthropic": {"options": {"timeout": 600000}},
+  },
+}
+"""
+
+CODEX_TOML = """# Codex settings
+model = "gpt-5"  # the default
+
+[model_providers.azure]
+name = "Azure"   # work account
+base_url = "https://example.invalid/openai"
+"""
+
+HERMES_YAML = """# Hermes config
+model:
+  default: anthropic/claude-sonnet-4  # daily driver
+  provider: auto
+terminal:
+  env_type: local
+"""
+
+LOCALS_PROVIDER = {"npm": "@ai-sdk/openai-compatible", "options": {"baseURL": "http://127.0.0.1:8321/v1"}}
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCALS_HOME", str(tmp_path / "locals-home"))
+
+
+def _opencode_values():
+    return {("provider", "locals"): LOCALS_PROVIDER, ("model",): "locals/smollm2"}
+
+
+@pytest.mark.parametrize(
+    "name, original, values",
+    [
+        ("opencode.jsonc", OPENCODE_JSONC, _opencode_values()),
+        ("config.toml", CODEX_TOML, {("model_provider",): "locals", ("model",): "smollm2",
+                                     ("model_providers", "locals"): {"name": "locals", "wire_api": "responses"}}),
+        ("config.yaml", HERMES_YAML, {("model", "provider"): "custom", ("model", "default"): "smollm2",
+                                      ("model", "context_length"): 8192}),
+    ],
+)
+def test_setup_then_disconnect_restores_bytes(tmp_path, name, original, values):
+    path = tmp_path / name
+    path.write_text(original)
+    record = configfiles.apply("tool", path, values)
+    written = path.read_text()
+    assert written != original
+    fmt = configfiles.fmt_of(path)
+    for key, value in values.items():
+        assert configfiles.get_value(written, fmt, key) == value
+    assert record.existed and record.backup and record.hash_before != record.hash_written
+    assert configfiles.revert("tool") == [(str(path.resolve()), "restored from backup")]
+    assert path.read_bytes() == original.encode()
+    assert configfiles.load_manifest() == []
+
+
+def test_setup_keeps_comments_of_the_user(tmp_path):
+    path = tmp_path / "opencode.jsonc"
+    path.write_text(OPENCODE_JSONC)
+    configfiles.apply("opencode", path, _opencode_values())
+    text = path.read_text()
+    assert "// my own settings, keep them" in text and "/* the dark one */" in text
+    assert jsonc.loads(text)["provider"]["anthropic"] == {"options": {"timeout": 600000}}
+
+    toml_path = tmp_path / "config.toml"
+    toml_path.write_text(CODEX_TOML)
+    configfiles.apply("codex", toml_path, {("model",): "smollm2"})
+    assert "# the default" in toml_path.read_text() and "# work account" in toml_path.read_text()
+
+
+def test_user_edit_after_setup_is_kept_and_only_our_keys_go(tmp_path):
+    path = tmp_path / "opencode.jsonc"
+    path.write_text(OPENCODE_JSONC)
+    configfiles.apply("opencode", path, _opencode_values())
+    edited = jsonc.set_value(path.read_text(), ("autoupdate",), False)
+    path.write_text(edited.replace('"theme": "tokyonight"', '"theme": "gruvbox"'))
+
+    [(_, what)] = configfiles.revert("opencode")
+    assert "edited since setup" in what
+    after = path.read_text()
+    value = jsonc.loads(after)
+    assert value["theme"] == "gruvbox" and value["autoupdate"] is False  # the user's edits
+    assert "locals" not in value["provider"]  # our provider is gone
+    assert value["model"] == "anthropic/claude-sonnet-4-5"  # the user's model is back
+    assert "// my own settings, keep them" in after
+    # Apart from the user's two edits, the file is what it was before setup.
+    expected = jsonc.set_value(OPENCODE_JSONC, ("autoupdate",), False).replace("tokyonight", "gruvbox")
+    assert after == expected
+
+
+def test_a_key_the_user_changed_after_setup_is_theirs(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(HERMES_YAML)
+    configfiles.apply("hermes", path, {("model", "default"): "smollm2", ("model", "base_url"): "http://x/v1"})
+    text = configfiles.set_value(path.read_text(), "yaml", ("model", "default"), "qwen-by-hand")
+    path.write_text(text)
+    configfiles.revert("hermes")
+    after = path.read_text()
+    assert configfiles.get_value(after, "yaml", ("model", "default")) == "qwen-by-hand"
+    assert configfiles.get_value(after, "yaml", ("model", "base_url")) is configfiles.MISSING
+    assert "# daily driver" in after or "qwen-by-hand" in after
+
+
+def test_file_created_by_setup_is_removed(tmp_path):
+    path = tmp_path / "new" / "settings.json"
+    configfiles.apply("claude", path, {("env", "ANTHROPIC_BASE_URL"): "http://127.0.0.1:8321"})
+    assert json.loads(path.read_text()) == {"env": {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8321"}}
+    [(_, what)] = configfiles.revert("claude")
+    assert what.startswith("removed") and not path.exists()
+
+
+def test_second_setup_keeps_the_first_backup(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(CODEX_TOML)
+    configfiles.apply("codex", path, {("model",): "smollm2"})
+    configfiles.apply("codex", path, {("model",): "other", ("model_provider",): "locals"})
+    [record] = configfiles.load_manifest()
+    assert {tuple(k.path): k.before for k in record.keys}[("model",)] == "gpt-5"
+    configfiles.revert("codex")
+    assert path.read_text() == CODEX_TOML
+
+
+def test_edited_toml_loses_only_our_table(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(CODEX_TOML)
+    configfiles.apply("codex", path, {("model_providers", "locals"): {"name": "locals"}, ("model",): "smollm2"})
+    path.write_text(path.read_text() + "\n[tui]\nnotifications = true  # mine\n")
+    configfiles.revert("codex")
+    doc = tomlkit.parse(path.read_text())
+    assert doc["model"] == "gpt-5" and "locals" not in doc["model_providers"]
+    assert doc["tui"]["notifications"] is True and "# mine" in path.read_text()
+
+
+def test_unparseable_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text("model = \n")
+    with pytest.raises(configfiles.ConfigFileError, match="TOML"):
+        configfiles.apply("codex", path, {("model",): "x"})
+    assert path.read_text() == "model = \n"  # untouched

@@ -1,0 +1,87 @@
+"""Schema -> regex rewrites that fix outlines-core's gaps, and refusals that name the part."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from locals.engine.constrain.schema import integer_range_regex, schema_regex
+from locals.errors import RequestError
+
+
+def _matches(schema, text: str) -> bool:
+    return re.fullmatch(schema_regex(schema, label="test"), text) is not None
+
+
+@pytest.mark.parametrize("low,high", [(None, None), (0, None), (1, None), (-5, 5), (7, 1234),
+                                      (None, -3), (-120, -7), (10, 99), (0, 0), (None, 55)])
+def test_integer_range_regex_is_exact(low, high):
+    rx = re.compile(integer_range_regex(low, high))
+    for n in range(-1500, 1500):
+        expected = (low is None or n >= low) and (high is None or n <= high)
+        assert bool(rx.fullmatch(str(n))) == expected, n
+    assert not rx.fullmatch("-0") and not rx.fullmatch("007")
+
+
+def test_integer_bounds_are_enforced():
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 12}},
+              "required": ["n"]}
+    assert _matches(schema, '{"n": 12}') and _matches(schema, '{"n": 1}')
+    assert not _matches(schema, '{"n": 13}') and not _matches(schema, '{"n": 0}')
+    exclusive = {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 3}
+    assert [n for n in range(-2, 6) if _matches(exclusive, str(n))] == [1, 2]
+
+
+def test_unicode_escapes_are_accepted_in_strings():
+    schema = {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]}
+    text = '{"s": "caf\\u00e9 \\n \\"q\\""}'
+    assert json.loads(text)["s"] == 'café \n "q"'
+    assert _matches(schema, text)
+    assert not _matches(schema, '{"s": "bad \\u00g1"}')
+
+
+def test_all_of_is_merged_into_valid_json():
+    schema = {"allOf": [{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+                        {"$ref": "#/$defs/b"}],
+              "$defs": {"b": {"properties": {"b": {"type": "integer"}}, "required": ["b"]}}}
+    assert _matches(schema, '{"a": "x", "b": 3}')
+    assert not _matches(schema, '{"a": "x"}{"b": 3}')
+
+
+def test_whitespace_is_json_dumps_style():
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"type": "integer"}}},
+              "required": ["a"]}
+    assert _matches(schema, json.dumps({"a": [1, 2]}))
+    assert not _matches(schema, '{"a":[1,2]}')
+    assert not _matches(schema, '{ "a": [1, 2] }')
+
+
+@pytest.mark.parametrize("schema,where,keyword", [
+    ({"type": "object", "properties": {"x": {"not": {"type": "string"}}}}, "/properties/x", "not"),
+    ({"if": {"type": "string"}, "then": {"minLength": 1}}, "/", "if"),
+    ({"type": "array", "contains": {"type": "integer"}}, "/", "contains"),
+])
+def test_unsupported_keywords_are_refused_by_path(schema, where, keyword):
+    with pytest.raises(RequestError) as err:
+        schema_regex(schema, label="tool 'x' parameters")
+    message = str(err.value)
+    assert "tool 'x' parameters" in message and where in message and f"'{keyword}'" in message
+
+
+def test_conflicting_all_of_and_invalid_schemas_are_refused():
+    with pytest.raises(RequestError, match="allOf"):
+        schema_regex({"allOf": [{"type": "string"}, {"type": "integer"}]}, label="s")
+    with pytest.raises(RequestError, match="invalid JSON schema"):
+        schema_regex({"type": "object", "properties": {"a": {"type": 5}}}, label="s")
+    with pytest.raises(RequestError, match="no integer"):
+        schema_regex({"type": "integer", "minimum": 5, "maximum": 2}, label="s")
+
+
+def test_free_form_objects_get_a_shallow_regex():
+    assert _matches({"type": "object"}, '{"a": [1, "x"], "b": {"c": null}}')
+    assert not _matches({"type": "object"}, '[1]')
+    assert _matches({}, '[1, {"a": true}]')
+    nested = {"type": "object", "properties": {"opts": {"type": "object"}}, "required": ["opts"]}
+    assert _matches(nested, '{"opts": {"k": 1}}') and not _matches(nested, '{"opts": {"k": {"d": 1}}}')

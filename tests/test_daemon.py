@@ -1,0 +1,95 @@
+"""The daemon's bookkeeping without a model: records, stale records, pid safety, health
+identification, bind checks, and a start whose server dies reporting why."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from locals import daemon
+from locals.config import load_remembered
+from locals.errors import LocalsError
+from locals.server.run import check_bind
+
+
+def test_record_round_trip_and_foreground_marking():
+    daemon.mark_serving(18555, "127.0.0.1", "smollm2")
+    record = daemon.read_record(18555)
+    assert record.pid == os.getpid() and record.mode == "foreground" and record.model == "smollm2"
+    daemon.unmark_serving(18555)
+    assert daemon.read_record(18555) is None
+
+
+def test_daemon_record_keeps_its_mode_when_the_server_marks_itself():
+    daemon.write_record(daemon.ServerRecord(port=18556, mode="systemd", model="qwen"))
+    daemon.mark_serving(18556, "127.0.0.1", "qwen")
+    record = daemon.read_record(18556)
+    assert record.mode == "systemd" and record.pid == os.getpid()
+
+
+def test_stop_never_signals_a_process_that_is_not_our_server():
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        daemon.write_record(daemon.ServerRecord(port=18557, pid=stranger.pid))
+        assert daemon.stop(18557) is False
+        assert stranger.poll() is None  # still alive
+        assert daemon.read_record(18557) is None  # the stale record is gone
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_stop_with_nothing_running():
+    assert daemon.stop(18558) is False
+    assert not daemon.is_running(18558)
+
+
+class _OtherServer(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"status": "ok"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_another_server_on_the_port_is_not_mistaken_for_locals():
+    server = HTTPServer(("127.0.0.1", 0), _OtherServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        assert daemon.health(server.server_port) is None
+        assert not daemon.is_running(server.server_port)
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("host, allow, ok", [
+    ("127.0.0.1", False, True), ("localhost", False, True), ("::1", False, True),
+    ("0.0.0.0", False, False), ("192.168.1.2", False, False), ("0.0.0.0", True, True),
+])
+def test_non_loopback_bind_needs_allow_remote(host, allow, ok):
+    if ok:
+        check_bind(host, allow)
+    else:
+        with pytest.raises(LocalsError, match="--allow-remote"):
+            check_bind(host, allow)
+
+
+def test_a_server_that_dies_while_starting_is_reported(monkeypatch):
+    monkeypatch.setattr(daemon, "service_manager", lambda: "process")
+    with pytest.raises(LocalsError) as info:
+        daemon.start("/nonexistent/model-folder", 18559, timeout=120)
+    message = str(info.value)
+    assert "stopped while starting" in message and "model-folder" in message
+    assert daemon.read_record(18559) is None and not daemon.is_running(18559)
+    assert load_remembered().port != 18559  # only a start that worked is remembered

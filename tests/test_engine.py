@@ -1,0 +1,209 @@
+"""Engine correctness: batched greedy output equals each request alone, across mixed prompt
+lengths, staggered arrivals, chunked prefill, cancellation and stop strings."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from locals.engine.engine import Engine
+from locals.engine.settings import EngineConfig
+from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+
+
+class Collector:
+    """Gathers each request's events; `wait()` returns once every request finished."""
+
+    def __init__(self):
+        self.events: dict[str, list] = {}
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.expected = 0
+
+    def submit(self, engine: Engine, request: GenerationRequest) -> str:
+        with self.lock:
+            self.events[request.id] = []
+            self.expected += 1
+        engine.submit(request, lambda ev, rid=request.id: self._on(rid, ev))
+        return request.id
+
+    def _on(self, rid: str, ev) -> None:
+        with self.lock:
+            self.events[rid].append(ev)
+            finished = sum(1 for evs in self.events.values() if evs and isinstance(evs[-1], FinishEvent))
+            if finished == self.expected:
+                self.done.set()
+
+    def wait(self, timeout: float = 120) -> None:
+        assert self.done.wait(timeout), "requests did not finish"
+
+    def tokens(self, rid: str) -> list[int]:
+        return [t for ev in self.events[rid] if isinstance(ev, TokenEvent) for t in ev.tokens]
+
+    def text(self, rid: str) -> str:
+        return "".join(ev.text for ev in self.events[rid] if isinstance(ev, TokenEvent))
+
+    def finish(self, rid: str) -> FinishEvent:
+        return self.events[rid][-1]
+
+
+def wait_for(condition, timeout: float = 60) -> bool:
+    deadline = time.time() + timeout
+    while not condition():
+        if time.time() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def run_alone(engine: Engine, prompt: list[int], **sampling) -> tuple[list[int], str, FinishEvent]:
+    c = Collector()
+    rid = c.submit(engine, GenerationRequest(prompt, SamplingParams(**sampling)))
+    c.wait()
+    return c.tokens(rid), c.text(rid), c.finish(rid)
+
+
+def make_prompts(tokenizer, lengths: list[int]) -> list[list[int]]:
+    base = tokenizer.encode("The quick brown fox jumps over the lazy dog while the cat sleeps. " * 20,
+                            add_special_tokens=False)
+    return [base[i : i + n] for i, n in enumerate(lengths)]
+
+
+@pytest.fixture()
+def engine(tiny_llama):
+    # A small budget forces multi-step chunked prefill next to decode rows.
+    eng = Engine(tiny_llama, EngineConfig(step_token_budget=24, min_prefill_chunk=4, prefix_cache_bytes=0))
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def test_batched_greedy_equals_alone_mixed_lengths_staggered(engine, tiny_llama):
+    prompts = make_prompts(tiny_llama.tokenizer, [3, 17, 60, 9, 41])
+    alone = [run_alone(engine, p, max_tokens=20)[0] for p in prompts]
+    c = Collector()
+    ids = []
+    for i, p in enumerate(prompts):
+        ids.append(c.submit(engine, GenerationRequest(p, SamplingParams(max_tokens=20))))
+        time.sleep(0.01 * i)  # arrivals while the others decode
+    c.wait()
+    for rid, expected in zip(ids, alone):
+        assert c.tokens(rid) == expected
+        assert c.finish(rid).reason == "length"
+        assert c.finish(rid).usage.completion_tokens == 20
+
+
+def test_unpipelined_engine_matches_pipelined(tiny_llama, engine):
+    prompts = make_prompts(tiny_llama.tokenizer, [5, 30])
+    pipelined = [run_alone(engine, p, max_tokens=12)[0] for p in prompts]
+    plain = Engine(tiny_llama, EngineConfig(pipeline=False, prefix_cache_bytes=0))
+    plain.start()
+    try:
+        assert [run_alone(plain, p, max_tokens=12)[0] for p in prompts] == pipelined
+    finally:
+        plain.stop()
+
+
+def test_cancel_mid_stream_leaves_others_identical(engine, tiny_llama):
+    prompts = make_prompts(tiny_llama.tokenizer, [8, 12, 20])
+    alone = [run_alone(engine, p, max_tokens=25)[0] for p in prompts]
+    c = Collector()
+    ids = [c.submit(engine, GenerationRequest(p, SamplingParams(max_tokens=25))) for p in prompts]
+    assert wait_for(lambda: len(c.tokens(ids[1])) >= 3)
+    engine.cancel(ids[1])
+    c.wait()
+    assert c.finish(ids[1]).reason == "cancelled"
+    assert 3 <= len(c.tokens(ids[1])) < 25
+    assert c.tokens(ids[1]) == alone[1][: len(c.tokens(ids[1]))]
+    assert c.tokens(ids[0]) == alone[0]
+    assert c.tokens(ids[2]) == alone[2]
+
+
+def test_cancel_frees_the_slot(tiny_llama):
+    eng = Engine(tiny_llama, EngineConfig(max_batch=1, prefix_cache_bytes=0))
+    eng.start()
+    try:
+        c = Collector()
+        first = c.submit(eng, GenerationRequest([1, 2, 3], SamplingParams(max_tokens=10_000)))
+        second = c.submit(eng, GenerationRequest([4, 5, 6], SamplingParams(max_tokens=5)))
+        assert wait_for(lambda: len(c.tokens(first)) >= 2)
+        assert not c.done.is_set()
+        assert eng.stats().waiting == 1  # the only slot is taken
+        eng.cancel(first)
+        c.wait()
+        assert c.finish(first).reason == "cancelled"
+        assert c.finish(second).reason == "length"
+        assert len(c.tokens(second)) == 5
+        # Rows are freed right after their FinishEvent is sent.
+        assert wait_for(lambda: eng.stats().running == 0 and eng.stats().kv_bytes == 0)
+    finally:
+        eng.stop()
+
+
+def test_cancel_waiting_request(tiny_llama):
+    eng = Engine(tiny_llama, EngineConfig(max_batch=1, prefix_cache_bytes=0))
+    eng.start()
+    try:
+        c = Collector()
+        busy = c.submit(eng, GenerationRequest([1, 2, 3], SamplingParams(max_tokens=10_000)))
+        queued = c.submit(eng, GenerationRequest([4, 5], SamplingParams(max_tokens=5)))
+        eng.cancel(queued)
+        eng.cancel(busy)
+        c.wait()
+        assert c.finish(queued).reason == "cancelled" and c.tokens(queued) == []
+    finally:
+        eng.stop()
+
+
+@pytest.mark.model
+def test_smollm2_batched_greedy_equals_alone(smollm2):
+    from locals.engine.templates import render_prompt
+
+    questions = ["What is the capital of France?", "Write a haiku about the sea.",
+                 "Count from 1 to 10.", "Name three colors."]
+    prompts = [smollm2.tokenizer.encode(render_prompt(smollm2, [{"role": "user", "content": q}]),
+                                        add_special_tokens=False) for q in questions]
+    eng = Engine(smollm2, EngineConfig(step_token_budget=32, prefix_cache_bytes=0))
+    eng.start()
+    try:
+        alone = [run_alone(eng, p, max_tokens=24) for p in prompts]
+        assert "Paris" in alone[0][1]
+        c = Collector()
+        ids = [c.submit(eng, GenerationRequest(p, SamplingParams(max_tokens=24))) for p in prompts]
+        c.wait()
+        for rid, (tokens, text, fin) in zip(ids, alone):
+            assert c.tokens(rid) == tokens
+            assert c.text(rid) == text
+            assert c.finish(rid).reason == fin.reason
+    finally:
+        eng.stop()
+
+
+@pytest.mark.model
+def test_smollm2_stop_string_held_back_and_batched(smollm2):
+    from locals.engine.templates import render_prompt
+
+    prompt = smollm2.tokenizer.encode(
+        render_prompt(smollm2, [{"role": "user", "content": "Count from 1 to 10, one per line."}]),
+        add_special_tokens=False)
+    other = smollm2.tokenizer.encode(
+        render_prompt(smollm2, [{"role": "user", "content": "What is 2+2?"}]), add_special_tokens=False)
+    eng = Engine(smollm2, EngineConfig(prefix_cache_bytes=0))
+    eng.start()
+    try:
+        _, full, _ = run_alone(eng, prompt, max_tokens=40)
+        assert "4" in full
+        stop = full[full.index("4") - 1 : full.index("4") + 1]  # e.g. "\n4" or " 4"
+        tokens, text, fin = run_alone(eng, prompt, max_tokens=40, stop=[stop, "never-appears"])
+        assert fin.reason == "stop"
+        assert text == full[: full.index(stop)]
+        c = Collector()
+        a = c.submit(eng, GenerationRequest(prompt, SamplingParams(max_tokens=40, stop=[stop])))
+        b = c.submit(eng, GenerationRequest(other, SamplingParams(max_tokens=10)))
+        c.wait()
+        assert c.text(a) == text and c.finish(a).reason == "stop"
+        assert c.tokens(b) == run_alone(eng, other, max_tokens=10)[0]
+    finally:
+        eng.stop()

@@ -1,0 +1,288 @@
+"""Engine hooks and sampling: seeded reproducibility, logprobs, constraint masks / forced and
+closing tokens, a failing constraint, guards, admission, prefix reuse, the asyncio adapter."""
+
+from __future__ import annotations
+
+import asyncio
+
+import mlx.core as mx
+import pytest
+
+from locals.engine.admission import KVBudgetAdmission
+from locals.engine.engine import Engine
+from locals.engine.settings import EngineConfig
+from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+from test_engine import Collector, make_prompts, run_alone
+
+
+@pytest.fixture()
+def engine(tiny_llama):
+    eng = Engine(tiny_llama, EngineConfig(step_token_budget=24, min_prefill_chunk=4, prefix_cache_bytes=0))
+    eng.start()
+    yield eng
+    eng.stop()
+
+
+def bitmask(allowed: set[int], vocab: int) -> mx.array:
+    words = [0] * ((vocab + 31) // 32)
+    for t in allowed:
+        words[t // 32] |= 1 << (t % 32)
+    return mx.array(words, dtype=mx.uint32)
+
+
+class AllowedSet:
+    """A small TokenConstraint: only `allowed` may be sampled; after `trigger`, `forced` follow;
+    `closing` ends the output; complete once `end` was accepted."""
+
+    def __init__(self, vocab, allowed, trigger=None, forced=(), closing=(), end=None):
+        self.vocab, self.allowed = vocab, set(allowed)
+        self.trigger, self.forced, self.closing, self.end = trigger, list(forced), list(closing), end
+        self.accepted: list[int] = []
+        self._force_next = False
+
+    def mask(self):
+        return bitmask(self.allowed, self.vocab)
+
+    def accept(self, token):
+        if token not in self.allowed and token not in self.forced and token not in self.closing:
+            raise ValueError(f"token {token} not allowed")
+        self.accepted.append(token)
+        self._force_next = token == self.trigger
+
+    def forced_tokens(self):
+        return list(self.forced) if self._force_next else []
+
+    def closing_tokens(self):
+        return list(self.closing)
+
+    def is_complete(self):
+        return self.end is not None and self.end in self.accepted
+
+
+class Raising(AllowedSet):
+    def mask(self):
+        if len(self.accepted) >= 2:
+            raise RuntimeError("automaton broke")
+        return super().mask()
+
+
+def test_seeded_sampling_reproducible_regardless_of_batch(engine, tiny_llama):
+    prompts = make_prompts(tiny_llama.tokenizer, [6, 14, 25])
+    params = dict(max_tokens=16, temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, seed=1234)
+    alone, _, _ = run_alone(engine, prompts[0], **params)
+    c = Collector()
+    rid = c.submit(engine, GenerationRequest(prompts[0], SamplingParams(**params)))
+    for p in prompts[1:]:
+        c.submit(engine, GenerationRequest(p, SamplingParams(max_tokens=16, temperature=0.8, seed=7)))
+    c.wait()
+    assert c.tokens(rid) == alone
+    other, _, _ = run_alone(engine, prompts[0], **{**params, "seed": 99})
+    assert other != alone
+
+
+def test_top_k_one_is_greedy(engine, tiny_llama):
+    prompt = make_prompts(tiny_llama.tokenizer, [10])[0]
+    greedy, _, _ = run_alone(engine, prompt, max_tokens=10)
+    assert run_alone(engine, prompt, max_tokens=10, temperature=1.5, top_k=1, seed=3)[0] == greedy
+
+
+def test_logprobs_and_top_logprobs(engine, tiny_llama):
+    prompt = make_prompts(tiny_llama.tokenizer, [10])[0]
+    c = Collector()
+    rid = c.submit(engine, GenerationRequest(prompt, SamplingParams(max_tokens=5, logprobs=True, top_logprobs=3)))
+    c.wait()
+    events = [ev for ev in c.events[rid] if isinstance(ev, TokenEvent) and ev.tokens]
+    assert len(events) == 5
+    for ev in events:
+        lp = ev.logprobs[0]
+        assert lp.token == ev.tokens[0] and lp.logprob <= 0
+        assert len(lp.top) == 3 and lp.top[0][0] == lp.token  # greedy picks the most likely
+        assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
+
+
+def test_constraint_mask_forced_and_complete(engine, tiny_llama):
+    vocab = tiny_llama.vocab_size
+    allowed = {100, 200, 300}
+    constraint = AllowedSet(vocab, allowed, trigger=200, forced=[7, 8], end=300)
+    c = Collector()
+    rid = c.submit(engine, GenerationRequest([1, 2, 3, 4], SamplingParams(max_tokens=60), constraint=constraint))
+    c.wait()
+    tokens = c.tokens(rid)
+    assert tokens == constraint.accepted
+    for i, t in enumerate(tokens):
+        if t in (7, 8):
+            assert tokens[i - 1] in (200, 7)
+        else:
+            assert t in allowed
+    forced = [ev for ev in c.events[rid] if isinstance(ev, TokenEvent) and ev.forced]
+    assert all(ev.tokens[0] in (7, 8) for ev in forced)
+    assert c.finish(rid).reason == ("stop" if 300 in tokens else "length")
+
+
+def test_forced_tokens_extend_the_kv_like_sampled_ones(tiny_llama, engine):
+    # After a forced chunk the next sampled token must match running the same tokens unforced.
+    vocab = tiny_llama.vocab_size
+    forced_run = AllowedSet(vocab, {50, 60}, trigger=50, forced=[70, 80])
+    c = Collector()
+    rid = c.submit(engine, GenerationRequest([5, 6, 7], SamplingParams(max_tokens=12), constraint=forced_run))
+    c.wait()
+    tokens = c.tokens(rid)
+    if 50 not in tokens[:-3]:
+        pytest.skip("the random model never chose the trigger token")
+    i = tokens.index(50)
+    prefix = [5, 6, 7] + tokens[: i + 3]  # up to and including the forced tokens
+    replay = AllowedSet(vocab, {50, 60})
+    c2 = Collector()
+    rid2 = c2.submit(engine, GenerationRequest(prefix, SamplingParams(max_tokens=1), constraint=replay))
+    c2.wait()
+    assert c2.tokens(rid2) == tokens[i + 3 : i + 4]
+
+
+def test_closing_tokens_when_max_tokens_runs_out(engine, tiny_llama):
+    constraint = AllowedSet(tiny_llama.vocab_size, {100, 200}, closing=[9, 10])
+    c = Collector()
+    rid = c.submit(engine, GenerationRequest([1, 2], SamplingParams(max_tokens=8), constraint=constraint))
+    c.wait()
+    tokens = c.tokens(rid)
+    assert len(tokens) == 8 and tokens[-2:] == [9, 10]
+    assert c.finish(rid).reason == "length"
+
+
+def test_raising_constraint_fails_only_its_request(engine, tiny_llama):
+    prompts = make_prompts(tiny_llama.tokenizer, [5, 9])
+    alone = run_alone(engine, prompts[0], max_tokens=12)[0]
+    c = Collector()
+    good = c.submit(engine, GenerationRequest(prompts[0], SamplingParams(max_tokens=12)))
+    bad = c.submit(engine, GenerationRequest(prompts[1], SamplingParams(max_tokens=12),
+                                             constraint=Raising(tiny_llama.vocab_size, set(range(1000)))))
+    c.wait()
+    assert c.finish(bad).reason == "error" and "automaton broke" in c.finish(bad).error
+    assert c.tokens(good) == alone
+    assert run_alone(engine, prompts[0], max_tokens=12)[0] == alone  # the engine still runs
+
+
+def test_rejected_token_fails_request(engine):
+    class Rejecting(AllowedSet):
+        def accept(self, token):
+            raise ValueError("not allowed here")
+
+    fin = run_alone_with(engine, GenerationRequest([1, 2], SamplingParams(max_tokens=5),
+                                                   constraint=Rejecting(49152, {3})))
+    assert fin.reason == "error" and "not allowed here" in fin.error
+
+
+def run_alone_with(engine, request) -> FinishEvent:
+    c = Collector()
+    rid = c.submit(engine, request)
+    c.wait()
+    return c.finish(rid)
+
+
+def test_guard_ends_request_with_its_reason(tiny_llama):
+    class StopAfter:
+        def __init__(self, n):
+            self.n = n
+
+        def on_token(self, token, output):
+            return "loop" if len(output) >= self.n else None
+
+    eng = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0),
+                 guards=[lambda req: StopAfter(4) if req.meta.get("guard") else None])
+    eng.start()
+    try:
+        fin = run_alone_with(eng, GenerationRequest([1, 2, 3], SamplingParams(max_tokens=20), meta={"guard": 1}))
+        assert fin.reason == "loop" and fin.usage.completion_tokens == 4
+        assert run_alone_with(eng, GenerationRequest([1, 2, 3], SamplingParams(max_tokens=20))).reason == "length"
+    finally:
+        eng.stop()
+
+
+def test_admission_waits_then_rejects_what_never_fits(tiny_llama):
+    probe = Engine(tiny_llama)
+    per_token = probe.bytes_per_token
+    eng = Engine(tiny_llama, EngineConfig(kv_budget_bytes=per_token * 40, prefix_cache_bytes=0))
+    eng.start()
+    try:
+        c = Collector()
+        a = c.submit(eng, GenerationRequest([1] * 10, SamplingParams(max_tokens=20)))
+        b = c.submit(eng, GenerationRequest([2] * 10, SamplingParams(max_tokens=20)))  # waits for a
+        too_big = c.submit(eng, GenerationRequest([3] * 30, SamplingParams(max_tokens=20)))
+        c.wait()
+        assert c.finish(a).reason == "length" and c.finish(b).reason == "length"
+        assert c.finish(too_big).reason == "memory" and "max_tokens" in c.finish(too_big).error
+        assert eng.stats().kv_budget_bytes == per_token * 40
+    finally:
+        eng.stop()
+
+
+def test_kv_budget_admission_unit():
+    adm = KVBudgetAdmission(budget_bytes=1000, bytes_per_token=10)
+    small = GenerationRequest([1] * 20, SamplingParams(max_tokens=30))
+    other = GenerationRequest([1] * 20, SamplingParams(max_tokens=30))
+    assert adm.check(small) == "admit" and adm.reserved_bytes == 500
+    assert adm.check(other) == "admit"
+    assert adm.check(GenerationRequest([1], SamplingParams(max_tokens=1))) == "wait"
+    adm.release(small)
+    assert adm.reserved_bytes == 500
+    assert "budget" in adm.check(GenerationRequest([1] * 200, SamplingParams(max_tokens=1)))
+
+
+def test_prefix_cache_reuse_gives_same_output(tiny_llama):
+    eng = Engine(tiny_llama, EngineConfig(step_token_budget=16))
+    eng.start()
+    try:
+        prompt = make_prompts(tiny_llama.tokenizer, [50])[0]
+        first_tokens, _, first = run_alone(eng, prompt, max_tokens=8)
+        assert first.usage.cached_tokens == 0
+        again, _, fin = run_alone(eng, prompt, max_tokens=8)
+        assert fin.usage.cached_tokens == 49 and again == first_tokens
+        # A longer prompt sharing the first 50 tokens reuses them and continues correctly.
+        longer = prompt + first_tokens + [5, 6]
+        reused, _, fin = run_alone(eng, longer, max_tokens=6)
+        assert fin.usage.cached_tokens >= 50
+        fresh = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0))
+        fresh.start()
+        try:
+            assert run_alone(fresh, longer, max_tokens=6)[0] == reused
+        finally:
+            fresh.stop()
+        assert eng.stats().cached_tokens_total >= 99
+    finally:
+        eng.stop()
+
+
+def test_cache_points_are_inserted(tiny_llama):
+    from locals.engine.prefix_cache import MemoryPrefixCache
+
+    cache = MemoryPrefixCache(1 << 30)
+    eng = Engine(tiny_llama, EngineConfig(step_token_budget=8), prefix_cache=cache)
+    eng.start()
+    try:
+        prompt = list(range(10, 40))
+        run_alone_with(eng, GenerationRequest(prompt, SamplingParams(max_tokens=2), cache_points=[12]))
+        n, kv = cache.lookup(prompt[:12] + [999])
+        assert n == 12 and kv[0][0].shape[2] >= 12
+    finally:
+        eng.stop()
+
+
+async def test_stream_adapter_and_early_exit_cancels(engine):
+    events = [ev async for ev in engine.stream(GenerationRequest([1, 2, 3], SamplingParams(max_tokens=4)))]
+    assert isinstance(events[-1], FinishEvent) and events[-1].usage.completion_tokens == 4
+    request = GenerationRequest([1, 2, 3], SamplingParams(max_tokens=100_000))
+    agen = engine.stream(request)
+    async for ev in agen:
+        break
+    await agen.aclose()
+    for _ in range(3000):  # up to a minute on a busy machine
+        if engine.stats().requests_finished == engine.stats().requests_total:
+            break
+        await asyncio.sleep(0.02)
+    assert engine.stats().extra["finish_reasons"].get("cancelled") == 1
+
+
+def test_generate_adapter_and_empty_prompt(engine):
+    events = list(engine.generate(GenerationRequest([1, 2], SamplingParams(max_tokens=3))))
+    assert sum(len(e.tokens) for e in events if isinstance(e, TokenEvent)) == 3
+    fin = list(engine.generate(GenerationRequest([], SamplingParams(max_tokens=3))))[-1]
+    assert fin.reason == "error" and "empty prompt" in fin.error

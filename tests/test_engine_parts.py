@@ -1,0 +1,125 @@
+"""The engine's small parts alone: stop-string holdback, the in-memory prefix cache, the
+step scheduler's token budget, device-side masks/sampling, and the ragged forward pass."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from locals.engine.forward import RowInput, forward
+from locals.engine.kv import RowKV
+from locals.engine.prefix_cache import MemoryPrefixCache, NoPrefixCache
+from locals.engine.sampling import RowSampling, apply_masks, sample
+from locals.engine.scheduler import Scheduler
+from locals.engine.stops import StopText
+
+
+def test_stop_text_holds_back_possible_start_and_drops_stop():
+    st = StopText(["</end>", "STOP"])
+    assert st.feed("Hello </") == "Hello "
+    assert st.feed("e") == ""
+    assert st.feed("x") == "</ex"
+    assert st.feed(" and </en") == " and "
+    assert st.feed("d> tail") == "" and st.hit
+    assert st.flush() == ""
+
+
+def test_stop_text_flushes_held_text_without_match():
+    st = StopText(["STOP"])
+    assert st.feed("abc ST") == "abc "
+    assert not st.hit and st.flush() == "ST"
+    assert StopText([]).feed("anything") == "anything"
+
+
+def _kv(n: int, fill: float = 1.0):
+    return [(mx.full((1, 2, n, 4), fill), mx.full((1, 2, n, 4), fill))]
+
+
+def test_memory_prefix_cache_longest_prefix_and_supersede():
+    cache = MemoryPrefixCache(budget_bytes=1 << 20)
+    cache.insert([1, 2, 3], _kv(3))
+    cache.insert([1, 2, 3, 4, 5], _kv(5))  # covers the first entry, which goes
+    assert len(cache) == 1
+    n, kv = cache.lookup([1, 2, 3, 4, 9])
+    assert n == 4 and kv[0][0].shape[2] == 5
+    assert cache.lookup([7, 8])[0] == 0
+    cache.insert([1, 2], _kv(2))  # already covered: nothing new stored
+    assert len(cache) == 1
+
+
+def test_memory_prefix_cache_evicts_least_recently_used():
+    entry = sum(k.nbytes + v.nbytes for k, v in _kv(4))
+    cache = MemoryPrefixCache(budget_bytes=2 * entry)
+    cache.insert([1, 1, 1, 1], _kv(4))
+    cache.insert([2, 2, 2, 2], _kv(4))
+    cache.lookup([1, 1, 1, 1])  # touch the first
+    cache.insert([3, 3, 3, 3], _kv(4))
+    assert cache.lookup([2, 2, 2, 2])[0] == 0
+    assert cache.lookup([1, 1, 1, 1])[0] == 4 and cache.lookup([3, 3, 3, 3])[0] == 4
+    assert cache.nbytes <= 2 * entry
+    assert NoPrefixCache().lookup([1]) == (0, None)
+
+
+class _Seq:
+    """The attributes of a Sequence that the scheduler reads."""
+
+    def __init__(self, prefilling: bool, input_len: int, can_sample_more: bool = True):
+        self.prefilling, self.input_len, self.can_sample_more = prefilling, input_len, can_sample_more
+
+
+def test_scheduler_decodes_everyone_and_chunks_prompts_with_the_rest():
+    s = Scheduler(token_budget=64, min_prefill_chunk=8)
+    decoding = [_Seq(False, 1) for _ in range(6)] + [_Seq(False, 3)]  # one with forced tokens
+    long_prompt, short_prompt = _Seq(True, 1000), _Seq(True, 10)
+    slots = s.next_step(decoding + [long_prompt, short_prompt])
+    assert [sl.n for sl in slots[:7]] == [1, 1, 1, 1, 1, 1, 3] and all(sl.sample for sl in slots[:7])
+    assert slots[7].seq is long_prompt and slots[7].n == 64 - 9 and not slots[7].sample
+    assert len(slots) == 8  # the budget is spent; the short prompt waits a step
+    done = _Seq(False, 1, can_sample_more=False)
+    crowded = s.next_step([_Seq(False, 1) for _ in range(70)] + [done, short_prompt])
+    assert crowded[-1].seq is short_prompt and crowded[-1].n == 8  # prefill always advances
+    assert all(sl.seq is not done for sl in crowded)
+
+
+def test_masks_unpack_bits_per_row():
+    logits = mx.zeros((2, 70))
+    words = mx.array([1 << 5, 0, 1 << 3], dtype=mx.uint32)  # tokens 5 and 67
+    out = apply_masks(logits, [words, None])
+    allowed = np.flatnonzero(np.isfinite(np.array(out[0])))
+    assert allowed.tolist() == [5, 67]
+    assert np.isfinite(np.array(out[1])).all()
+
+
+def test_sampling_respects_mask_and_top_k():
+    logits = mx.array([[0.0, 5.0, 1.0, 3.0]] * 3)
+    key = mx.random.key(0)
+    rows = [RowSampling(0.0, 1.0, 0, 0.0, key),
+            RowSampling(1.0, 1.0, 0, 0.0, key, mask=mx.array([0b0100], dtype=mx.uint32)),
+            RowSampling(5.0, 1.0, 1, 0.0, key)]
+    for _ in range(5):
+        out = sample(logits, rows)
+        assert out.tokens.tolist() == [1, 2, 1]
+        rows = [RowSampling(r.temperature, r.top_p, r.top_k, r.min_p, k, r.mask) for r, k in zip(rows, out.keys)]
+
+
+def test_top_p_and_min_p_cut_the_tail():
+    logits = mx.log(mx.array([[0.6, 0.3, 0.1]] * 2))
+    draws = set()
+    key = mx.random.key(1)
+    for _ in range(40):
+        out = sample(logits, [RowSampling(1.0, 0.5, 0, 0.0, key), RowSampling(1.0, 1.0, 0, 0.4, key)])
+        draws.update((i, t) for i, t in enumerate(out.tokens.tolist()))
+        key = out.keys[0]
+    assert {t for i, t in draws if i == 0} == {0}
+    assert {t for i, t in draws if i == 1} <= {0, 1}
+
+
+def test_ragged_forward_matches_plain_model(tiny_llama):
+    model = tiny_llama.model
+    a, b = mx.array(list(range(10, 30))), mx.array([5, 6, 7])
+    ka, kb = RowKV(len(model.layers)), RowKV(len(model.layers))
+    first = forward(model, [RowInput(a[:12], 12, ka, False), RowInput(b, 3, kb, True)])
+    second = forward(model, [RowInput(a[12:], 8, ka, True)])
+    ref_a, ref_b = model(a[None])[0, -1], model(b[None])[0, -1]
+    assert mx.allclose(first[0], ref_b, atol=1e-4) and mx.allclose(second[0], ref_a, atol=1e-4)
+    assert ka.offset == 20 and kb.offset == 3

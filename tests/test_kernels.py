@@ -1,0 +1,209 @@
+"""Small-batch kernels on any device: the references, the verifier, tuning and the model patch."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from locals.engine.kernels import qmm
+from locals.engine.kernels.reference import (DequantizedCandidate, PaddedCandidate, dequantized_matmul,
+                                             quantized_matmul, random_problem)
+from locals.engine.kernels.registry import TunedQuantizedLinear, patch_model, tuned_linear
+from locals.engine.kernels.tuning import (MLX_OP, Problem, TuningTable, current_chip, kernels_tag, load_table,
+                                          measure, model_problems, save_table, table_path, tune)
+from locals.engine.kernels.verify import Case, check, default_cases, passes, verify
+
+SMALL_SHAPES = ((33, 128), (7, 192))
+
+
+class _Wrapped:
+    """A candidate built from a function, for checking what the verifier rejects."""
+
+    def __init__(self, name, fn):
+        self.name, self._fn = name, fn
+
+    def supports(self, rows, bits, group_size, dtype, scales_dtype):
+        return True
+
+    def __call__(self, x, w, scales, biases, group_size, bits):
+        return self._fn(x, w, scales, biases, group_size, bits)
+
+
+def _shifted_groups(x, w, scales, biases, group_size, bits):
+    # A plausible bug: every group uses its neighbour's scale and bias.
+    return quantized_matmul(x, w, mx.roll(scales, 1, axis=1), mx.roll(biases, 1, axis=1), group_size, bits)
+
+
+def _one_nan(x, w, scales, biases, group_size, bits):
+    y = quantized_matmul(x, w, scales, biases, group_size, bits)
+    return mx.where(mx.arange(y.size).reshape(y.shape) == y.size // 2, mx.nan, y).astype(y.dtype)
+
+
+def _raises(*_args):
+    raise RuntimeError("kernel failed to compile")
+
+
+def _numpy_truth(x, w, scales, biases, group_size, bits):
+    """x @ dequantize(w).T from the packing rules alone: low bits first, one scale+bias a group."""
+    packed = np.array(w).astype(np.uint64)
+    values = np.stack([(packed >> (bits * j)) & ((1 << bits) - 1) for j in range(32 // bits)], -1)
+    values = values.reshape(packed.shape[0], -1).astype(np.float64)
+    per_value = lambda a: np.repeat(np.array(a.astype(mx.float32)), group_size, axis=1)  # noqa: E731
+    dense = values * per_value(scales) + per_value(biases)
+    return (np.array(x.astype(mx.float32)).astype(np.float64) @ dense.T).astype(np.float32)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_quantized_matmul_reference_matches_dense_truth(bits, dtype):
+    x, w, scales, biases = random_problem(3, 33, 128, bits, 64, dtype)
+    truth = mx.array(_numpy_truth(x, w, scales, biases, 64, bits))
+    assert mx.allclose(dequantized_matmul(x, w, scales, biases, 64, bits), truth, atol=1e-5)
+    got = quantized_matmul(x, w, scales, biases, 64, bits).astype(mx.float32)
+    assert got.shape == (3, 33)
+    assert (mx.abs(got - truth).max() / mx.abs(truth).max()).item() < (1e-4 if dtype == mx.float32 else 5e-2)
+
+
+def test_padded_candidate_matches_and_only_serves_small_batches():
+    pad = PaddedCandidate(8)
+    assert [pad.supports(m, 4, 64, mx.float32, mx.float32) for m in (1, 2, 7, 8)] == [False, True, True, False]
+    assert passes(verify(pad, default_cases(4, 64, mx.float32, rows=(2, 5, 7), shapes=SMALL_SHAPES)))
+    x, w, scales, biases = random_problem(3, 33, 128, 4, 64, mx.float32)
+    assert pad(x.reshape(3, 1, 128), w, scales, biases, 64, 4).shape == (3, 1, 33)
+
+
+def test_random_problem_is_fresh_each_call():
+    a = random_problem(2, 16, 64, 4, 32, mx.float32)[0]
+    b = random_problem(2, 16, 64, 4, 32, mx.float32)[0]
+    assert not mx.array_equal(a, b)
+
+
+def test_verifier_passes_a_correct_candidate_on_odd_shapes():
+    cases = default_cases(4, 64, mx.bfloat16, rows=(1, 3, 16), shapes=SMALL_SHAPES)
+    verdicts = verify(DequantizedCandidate(), cases)
+    assert passes(verdicts) and len(verdicts) == 6
+    assert {c.k for c in cases} == {128, 192}  # K rounded to whole groups
+
+
+@pytest.mark.parametrize("fn,reason", [(_shifted_groups, "error"), (_one_nan, "non-finite"), (_raises, "raised")])
+def test_verifier_rejects_wrong_candidates(fn, reason):
+    verdict = check(_Wrapped("bad", fn), Case(4, 33, 256, 4, 64, mx.float32))
+    assert not verdict.ok
+    assert reason in verdict.reason
+
+
+def test_verifier_rejects_wrong_shape_and_dtype():
+    case = Case(2, 16, 128, 8, 64, mx.bfloat16)
+    transposed = _Wrapped("t", lambda *a: quantized_matmul(*a).T)
+    widened = _Wrapped("f32", lambda *a: quantized_matmul(*a).astype(mx.float32))
+    assert "shape" in check(transposed, case).reason
+    assert "dtype" in check(widened, case).reason
+    assert not passes([])  # nothing ran is not a pass
+
+
+def test_measure_interleaves_and_keeps_every_sample():
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name) or mx.zeros(4)) for name in ("a", "b")}
+    samples = measure(fns, rounds=3, repeats=2)
+    assert {k: len(v) for k, v in samples.items()} == {"a": 3, "b": 3}
+    assert calls[2:] == ["a", "a", "b", "b"] * 3  # after one warm-up call each, rounds alternate
+    assert all(s > 0 for v in samples.values() for s in v)
+
+
+def test_tune_keeps_verified_candidates_and_stores_per_chip():
+    # bfloat16: GPU float32 matmuls may run in TF32, which fails the float32 limit (rightly).
+    problem = Problem(33, 128, 4, 64, "bfloat16")
+    bad = _Wrapped("shifted", _shifted_groups)
+    messages = []
+    table = tune([problem], rows=[1, 2], candidates=[DequantizedCandidate(), bad], rounds=2, repeats=2,
+                 progress=messages.append, screen_shapes=SMALL_SHAPES)
+    assert table.complete
+    assert "shifted" in table.rejected
+    assert set(table.choices[problem.key]) == {"1", "2"}
+    assert set(table.choices[problem.key].values()) <= {MLX_OP, "mlx-dequant"}
+    assert set(table.timings_us[problem.key]["1"]) == {MLX_OP, "mlx-dequant"}
+    path = save_table(table)
+    assert path.parent.name == "tuning" and mx.__version__ in path.name
+    assert load_table() == table
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "kernels": "another-source"}))
+    assert load_table() is None  # kernels changed since tuning: untuned again
+
+
+def test_tune_pauses_and_resumes():
+    problem = Problem(16, 64, 8, 32, "float32")
+    table = tune([problem], rows=[1, 2, 3], candidates=[DequantizedCandidate()], rounds=1, repeats=1,
+                 pause=lambda: True, screen_shapes=SMALL_SHAPES)
+    assert not table.complete and table.choices[problem.key] == {}
+    table = tune([problem], rows=[1, 2, 3], candidates=[DequantizedCandidate()], table=table, rounds=1, repeats=1,
+                 screen_shapes=SMALL_SHAPES)
+    assert table.complete and set(table.choices[problem.key]) == {"1", "2", "3"}
+
+
+def _quantized_mlp():
+    mx.random.seed(0)
+    model = nn.Sequential(nn.Linear(128, 192, bias=False), nn.Linear(192, 64, bias=True))
+    nn.quantize(model, group_size=64, bits=4)
+    return model
+
+
+def _table_choosing(model, name, rows):
+    kind, chip = current_chip()
+    return TuningTable(chip=chip, mlx=mx.__version__, kernels=kernels_tag(kind), complete=True,
+                       choices={p.key: {str(m): name for m in rows} for p in model_problems(model)})
+
+
+def test_patch_model_swaps_tuned_layers_and_keeps_outputs():
+    model = _quantized_mlp()
+    x = mx.random.normal((2, 1, 128))
+    expected = model(x)
+    keys = sorted(k for k, _ in nn.utils.tree_flatten(model.parameters()))
+    assert patch_model(model, _table_choosing(model, "mlx-dequant", rows=[2])) == 2
+    assert all(isinstance(layer, TunedQuantizedLinear) for layer in model.layers)
+    assert sorted(k for k, _ in nn.utils.tree_flatten(model.parameters())) == keys
+    # GPU float32 matmuls may use TF32, so the dequantized route differs from MLX's op by ~1e-3.
+    assert mx.allclose(model(x), expected, rtol=1e-2, atol=1e-2)
+    assert patch_model(model, _table_choosing(model, "mlx-dequant", rows=[2])) == 0  # already swapped
+
+
+def test_patch_model_leaves_model_alone_without_a_usable_choice():
+    model = _quantized_mlp()
+    assert patch_model(model) == 0  # no table stored for this chip
+    assert patch_model(model, _table_choosing(model, MLX_OP, rows=range(1, 17))) == 0
+    assert patch_model(model, _table_choosing(model, "no-such-kernel", rows=[1])) == 0
+    table = _table_choosing(model, "mlx-dequant", rows=[1])
+    table.rejected["mlx-dequant"] = "failed verification"
+    assert patch_model(model, table) == 0
+    assert all(type(layer) is nn.QuantizedLinear for layer in model.layers)
+
+
+def test_tuned_linear_routes_by_row_count():
+    layer = _quantized_mlp().layers[0]
+    tuned = tuned_linear(layer, _table_choosing(nn.Sequential(layer), "mlx-dequant", rows=[3]))
+    assert isinstance(tuned, TunedQuantizedLinear)
+    assert tuned._routes.get(3) is not None and tuned._routes.get(4) is None
+    x = mx.random.normal((4, 128))
+    assert mx.array_equal(tuned(x), layer(x))  # 4 rows: MLX's own op, bit for bit
+    assert tuned_linear(nn.Linear(8, 8), None) is not None
+
+
+def test_model_problems_lists_distinct_layer_shapes():
+    problems = model_problems(_quantized_mlp())
+    assert {p.key for p in problems} == {"q4-g64-float32-192x128", "q4-g64-float32-64x192"}
+
+
+def test_cpu_has_no_device_kernels_and_metal_source_is_distinct():
+    assert qmm.candidates("cpu") == []
+    names = {k.name for k in qmm.candidates("cuda")} | {k.name for k in qmm.candidates("metal")}
+    assert len(names) == 16 and sum(k.staged for k in qmm.candidates("cuda")) == 4
+    assert qmm.CUDA_TAG != qmm.METAL_TAG
+    assert [qmm.row_bucket(m) for m in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
+
+
+def test_table_path_is_per_chip_and_version(locals_home):
+    path = table_path("cuda:NVIDIA H200", "0.32.4")
+    assert path == locals_home / "cache" / "tuning" / "cuda-nvidia-h200-mlx0.32.4.json"

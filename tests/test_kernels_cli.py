@@ -1,0 +1,39 @@
+"""`locals tune` as users run it: tuning explicit shapes on this device, the report, clear errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "locals", *args], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, COLUMNS="200"))
+
+
+def test_tune_report_without_results_says_how_to_fix():
+    proc = run_cli("tune", "--report")
+    assert proc.returncode == 1
+    assert "run `locals tune`" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_tune_shape_then_report(locals_home):
+    proc = run_cli("tune", "--shape", "33x128", "--rows", "1-2", "--rounds", "1", "--dtype", "float32")
+    assert proc.returncode == 0, proc.stderr
+    assert "q4-g64-float32-33x128" in proc.stdout
+    saved = list((locals_home / "cache" / "tuning").glob("*.json"))
+    assert len(saved) == 1
+    report = run_cli("tune", "--report")
+    assert report.returncode == 0, report.stderr
+    assert "q4-g64-float32-33x128" in report.stdout and "vs MLX" in report.stdout
+
+
+def test_tune_bad_options_are_one_line_errors():
+    for args, needle in ((("--shape", "33x100"), "multiple of the group size"),
+                         (("--shape", "abc"), "OUTxIN"),
+                         (("--shape", "33x128", "--rows", "0-40"), "within 1-16"),
+                         (("--shape", "33x128", "--bits", "3"), "--bits")):
+        proc = run_cli("tune", *args)
+        assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr

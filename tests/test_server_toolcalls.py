@@ -1,0 +1,53 @@
+"""Splitting streamed model text into text and tool calls with mlx-lm's parsers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
+
+
+def hermes():
+    # A model whose template has no tools (like the embedded SmolLM2): the format comes by name.
+    return tool_format_of(SimpleNamespace(tokenizer=SimpleNamespace(), tool_format="json_tools"))
+
+
+def feed_all(splitter, pieces):
+    out = []
+    for piece in pieces:
+        out += splitter.feed(piece)
+    return out + splitter.finish()
+
+
+def test_marker_split_across_pieces_is_held_back():
+    splitter = ToolCallSplitter(hermes())
+    pieces = ["Sure. <to", "ol_c", 'all>{"name": "f", "argu', 'ments": {"x": 1}}</tool', "_call> done"]
+    out = feed_all(splitter, pieces)
+    assert "".join(p for p in out if isinstance(p, str)) == "Sure.  done"
+    (call,) = [p for p in out if isinstance(p, ToolCall)]
+    assert (call.name, call.arguments) == ("f", {"x": 1}) and call.id.startswith("call_")
+    assert not any("<" in p for p in out if isinstance(p, str))
+
+
+def test_text_that_only_looks_like_a_marker_is_released():
+    out = feed_all(ToolCallSplitter(hermes()), ["a < b and <t", "able>"])
+    assert "".join(out) == "a < b and <table>"
+
+
+def test_unparsable_call_stays_text_and_unclosed_call_is_parsed_at_the_end():
+    out = feed_all(ToolCallSplitter(hermes()), ["<tool_call>not json</tool_call>"])
+    assert out == ["<tool_call>not json</tool_call>"]
+    out = feed_all(ToolCallSplitter(hermes()), ['<tool_call>{"name": "g", "arguments": "{\\"y\\": 2}"}'])
+    assert isinstance(out[0], ToolCall) and out[0].arguments == {"y": 2}
+
+
+def test_no_format_means_plain_text():
+    assert feed_all(ToolCallSplitter(None), ["<tool_call>{}</tool_call>"]) == ["<tool_call>{}</tool_call>"]
+
+
+def test_tokenizer_parser_wins():
+    tok = SimpleNamespace(tool_call_start="[CALL]", tool_call_end="[/CALL]",
+                          tool_parser=lambda text, tools: {"name": text.strip(), "arguments": {}})
+    fmt = tool_format_of(SimpleNamespace(tokenizer=tok, tool_format="json_tools"))
+    out = feed_all(ToolCallSplitter(fmt), ["x[CALL] ping [/CALL]"])
+    assert out[0] == "x" and out[1].name == "ping"
