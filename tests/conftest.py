@@ -11,17 +11,17 @@ import socket
 
 import pytest
 
-from locals.engine.backend import reexec_with_fast_blas
+from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas
 
 
 def pytest_configure(config):
     """Re-exec with OpenBLAS preloaded (if installed) before any test imports MLX."""
+    if not needs_fast_blas_reexec():
+        return
     capture = config.pluginmanager.getplugin("capturemanager")
     if capture is not None:
         capture.stop_global_capturing()  # give the new process the real stdout/stderr
-    reexec_with_fast_blas()
-    if capture is not None:
-        capture.start_global_capturing()
+    reexec_with_fast_blas()  # does not return
 
 
 def _is_loopback(address) -> bool:

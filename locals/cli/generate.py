@@ -64,7 +64,7 @@ def generate(
     prepare_model_process()
     json_schema = _read_schema(schema) if schema else None
     loaded = load_with_spinner(model)
-    from locals.engine import Engine, build_constraint, encode_prompt, render_prompt
+    from locals.engine import build_constraint, create_engine, encode_prompt, render_prompt
 
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
@@ -76,7 +76,7 @@ def generate(
         sampling=SamplingParams(temperature=temperature, top_p=top_p, seed=seed, max_tokens=max_tokens),
         constraint=constraint,
     )
-    engine = Engine(loaded)
+    engine = create_engine(loaded)
     engine.start()
     try:
         start = time.perf_counter()
@@ -96,10 +96,10 @@ def chat(
     """Chat in the terminal; the conversation is kept. Type /exit (or Ctrl-D) to leave."""
     prepare_model_process()
     loaded = load_with_spinner(model)
-    from locals.engine import Engine, encode_prompt, render_prompt
+    from locals.engine import create_engine, encode_prompt, render_prompt
 
     history = [{"role": "system", "content": system}] if system else []
-    engine = Engine(loaded)
+    engine = create_engine(loaded)
     engine.start()
     console_err.print("[dim]/exit to quit, /reset to forget the conversation[/dim]")
     try:

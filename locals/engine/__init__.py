@@ -16,7 +16,8 @@ _EXPORTS = {
     "cache_points": "locals.engine.templates",
     "tool_parser": "locals.engine.models",
     "Engine": "locals.engine.engine",
-    "EngineConfig": "locals.engine.engine",
+    "create_engine": "locals.engine.assemble",
+    "EngineConfig": "locals.engine.settings",
     "build_constraint": "locals.engine.constrain",
 }
 

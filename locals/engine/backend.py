@@ -74,17 +74,22 @@ def mlx_version() -> str:
     return mx.__version__
 
 
+def needs_fast_blas_reexec() -> bool:
+    """True on Linux when OpenBLAS is installed, not yet preloaded, and re-exec is allowed."""
+    if sys.platform != "linux" or os.environ.get(_REEXEC_FLAG) or os.environ.get("LOCALS_NO_OPENBLAS"):
+        return False
+    return find_openblas() is not None and "openblas" not in os.environ.get("LD_PRELOAD", "")
+
+
 def reexec_with_fast_blas(argv: list[str] | None = None) -> None:
     """On Linux, restart this process with OpenBLAS preloaded when it is installed but not loaded.
 
     Does nothing on macOS, when already preloaded, when OpenBLAS is absent, when
     LOCALS_NO_OPENBLAS is set, or if a previous re-exec already happened.
     """
-    if sys.platform != "linux" or os.environ.get(_REEXEC_FLAG) or os.environ.get("LOCALS_NO_OPENBLAS"):
+    if not needs_fast_blas_reexec():
         return
     lib = find_openblas()
-    if lib is None or "openblas" in os.environ.get("LD_PRELOAD", ""):
-        return
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
     env[_REEXEC_FLAG] = "1"

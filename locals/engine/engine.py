@@ -21,7 +21,8 @@ import mlx.core as mx
 
 from locals.engine.admission import ADMIT, WAIT, Admission, KVBudgetAdmission
 from locals.engine.guards import GuardFactory, make_guards
-from locals.engine.kv import RowKV, kv_bytes_per_token
+from locals.engine.forward import supports_ragged
+from locals.engine.kv import DecodeBatch, RowKV, kv_bytes_per_token
 from locals.engine.prefix_cache import MemoryPrefixCache, NoPrefixCache, PrefixCache
 from locals.engine.scheduler import Scheduler
 from locals.engine.sequence import Sequence
@@ -81,6 +82,9 @@ class Engine:
         self.guard_factories = list(guards)
         self.scheduler = Scheduler(self.config.step_token_budget, self.config.min_prefill_chunk)
         self.runner = StepRunner(self.model, on_cache_point=self._insert_prefix)
+        # Decoding rows share one padded KV per layer (one attention call for all of them).
+        n_layers = len(self.model.layers)
+        self.decode_batch = DecodeBatch(n_layers) if supports_ragged(self.model) else None
         self.counters = Counters()
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: deque[tuple[GenerationRequest, Sink, float]] = deque()
@@ -260,7 +264,7 @@ class Engine:
             self._active.append(self._new_sequence(request, sink, at))
 
     def _new_sequence(self, request: GenerationRequest, sink: Sink, at: float) -> Sequence:
-        kv = RowKV(len(self.model.layers))
+        kv = RowKV(len(self.model.layers), self.decode_batch)
         seq = Sequence(request, sink, kv, self.tokenizer,
                        make_guards(self.guard_factories, request), at)
         n, stored = self.prefix_cache.lookup(seq.prompt)
@@ -311,6 +315,7 @@ class Engine:
             c.finish_reasons[seq.finish_reason] = c.finish_reasons.get(seq.finish_reason, 0) + 1
             if seq.finish_reason in ("stop", "length") and seq.kv.offset > 0:
                 self._insert_prefix(seq, min(seq.kv.offset, len(seq.all_tokens())))
+            seq.kv.release()
             seq.kv = None  # the KV goes as soon as no queued step needs it
         self._kv_bytes = sum(s.kv.nbytes for s in self._active)
 

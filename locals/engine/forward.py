@@ -1,9 +1,9 @@
 """One forward pass over a ragged batch: each row brings its own new tokens and its own KV.
 
 For llama/qwen-family models the rows' tokens are concatenated into one sequence, so
-projections and MLP read the weights once for all rows, and attention runs per row
-against that row's cache (no padding, prefill chunks and decode tokens in one pass).
-Other architectures fall back to one mlx-lm model call per row.
+projections and MLP read the weights once for all rows. Rows decoding one token attend in
+one call per layer over the shared `DecodeBatch`; prompt chunks and forced-token chunks
+attend per row. Other architectures fall back to one mlx-lm model call per row.
 """
 
 from __future__ import annotations
@@ -47,27 +47,85 @@ def forward(model, rows: list[RowInput]) -> mx.array:
     return _per_row(model, rows)
 
 
+class _DecodePlan:
+    """The rows that feed one token from a `DecodeBatch` slot this pass, and their indices.
+
+    Built once per pass (joining rows that just finished their prompt), shared by all layers.
+    """
+
+    def __init__(self, rows: list[RowInput]):
+        # A row with no KV yet (a one-token prompt) reads it alone first; it joins next pass.
+        candidates = [r for r in rows if r.n == 1 and r.kv.batch is not None
+                      and (r.kv.resident or r.kv.offset > 0)]
+        batch = candidates[0].kv.batch if candidates else None
+        self.rows: list[RowInput] = []
+        self.batch = batch
+        if batch is None:
+            return
+        for r in candidates:
+            if r.kv.batch is batch and not r.kv.resident:
+                batch.join(r.kv)
+        self.rows = sorted((r for r in candidates if r.kv.batch is batch), key=lambda r: r.kv.slot)
+        lengths = [r.kv.length for r in self.rows]
+        slots = [r.kv.slot for r in self.rows]
+        self.t = max(lengths) + 1
+        batch.reserve(len(batch.members), self.t)
+        # Every member decoding, in slot order (the usual case): plain slices, no gather.
+        self.slots = None if slots == list(range(len(batch.members))) else mx.array(slots)
+        pos = mx.array(lengths)[:, None, None]
+        heads = mx.arange(batch.keys[0].shape[1])[None, :, None]
+        self.index = (mx.array(slots)[:, None, None], heads, pos)
+        # Positions past each row's new token are padding; no mask when all lengths agree.
+        self.mask = None if len(set(lengths)) == 1 else (
+            (mx.arange(self.t)[None] <= mx.array(lengths)[:, None])[:, None, None, :])
+
+    def attend(self, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+        """q (B, heads, dim), k/v (B, kv_heads, dim) of the plan's rows -> (B, heads * dim)."""
+        self.batch.write(li, self.index, k[:, :, None, :], v[:, :, None, :])
+        keys, values = self.batch.view(li, self.t, self.slots)
+        o = mx.fast.scaled_dot_product_attention(q[:, :, None, :], keys, values, scale=scale, mask=self.mask)
+        return o.reshape(q.shape[0], -1)
+
+    def advance(self) -> None:
+        for r in self.rows:
+            r.kv.length += 1
+
+
 def _ragged(model, rows: list[RowInput]) -> mx.array:
     inner = model.model
-    tokens = mx.concatenate([r.tokens for r in rows]) if len(rows) > 1 else rows[0].tokens
+    plan = _DecodePlan(rows)
+    batched = {id(r) for r in plan.rows}
+    # The batched decode rows go first so their tokens are one slice of the flat sequence.
+    order = plan.rows + [r for r in rows if id(r) not in batched]
+    tokens = mx.concatenate([r.tokens for r in order]) if len(order) > 1 else order[0].tokens
     h = inner.embed_tokens(tokens)  # (T, D): one flat sequence of every row's new tokens
-    spans, start = [], 0
-    for r in rows:
-        spans.append((start, r.n))
+    spans, start = {}, 0
+    for r in order:
+        spans[id(r)] = (start, r.n)
         start += r.n
     # Each token's position in its own sequence, for one RoPE call over all rows.
-    positions = mx.array(np.concatenate([np.arange(r.kv.offset, r.kv.offset + r.n) for r in rows]))
+    positions = mx.array(np.concatenate([np.arange(r.kv.offset, r.kv.offset + r.n) for r in order]))
+    others = order[len(plan.rows):]
+    for r in others:
+        if r.kv.resident:  # forced tokens of a decoding row: room for the whole chunk
+            r.kv.batch.reserve(len(r.kv.batch.members), r.kv.length + r.n)
     for li, layer in enumerate(inner.layers):
-        h = h + _attention(layer.self_attn, layer.input_layernorm(h), rows, spans, positions, li)
+        x = layer.input_layernorm(h)
+        h = h + _attention(layer.self_attn, x, plan, others, spans, positions, li)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    last = [s + n - 1 for (s, n), r in zip(spans, rows) if r.sample]
+    plan.advance()
+    for r in others:
+        if r.kv.resident:
+            r.kv.length += r.n
+    last = [spans[id(r)][0] + r.n - 1 for r in rows if r.sample]
     if not last:
         return mx.zeros((0, 0))
-    h = inner.norm(h[mx.array(last)] if len(last) < start else h)
+    h = inner.norm(h[mx.array(last)] if len(last) < start or last != list(range(start)) else h)
     return _lm_head(model, h)
 
 
-def _attention(attn, x: mx.array, rows: list[RowInput], spans, positions: mx.array, layer_index: int) -> mx.array:
+def _attention(attn, x: mx.array, plan: _DecodePlan, others: list[RowInput], spans, positions: mx.array,
+               li: int) -> mx.array:
     total = x.shape[0]
     q = attn.q_proj(x).reshape(total, attn.n_heads, -1)
     k = attn.k_proj(x).reshape(total, attn.n_kv_heads, -1)
@@ -78,19 +136,30 @@ def _attention(attn, x: mx.array, rows: list[RowInput], spans, positions: mx.arr
     q = attn.rope(q[:, :, None, :], offset=positions)[:, :, 0, :]
     k = attn.rope(k[:, :, None, :], offset=positions)[:, :, 0, :]
     outs = []
-    for (s, n), row in zip(spans, rows):
-        cache = row.kv.layers[layer_index]
-        keys, values = cache.update_and_fetch(
-            k[s : s + n].transpose(1, 0, 2)[None], v[s : s + n].transpose(1, 0, 2)[None]
-        )
-        # "causal" aligns the queries to the end of the keys, i.e. after the cached prefix.
-        o = mx.fast.scaled_dot_product_attention(
-            q[s : s + n].transpose(1, 0, 2)[None], keys, values, scale=attn.scale,
-            mask="causal" if n > 1 else None,
-        )
-        outs.append(o[0].transpose(1, 0, 2).reshape(n, -1))
+    b = len(plan.rows)
+    if b:
+        outs.append(plan.attend(li, q[:b], k[:b], v[:b], attn.scale))
+    for row in others:
+        s, n = spans[id(row)]
+        outs.append(_row_attention(row.kv, li, q[s : s + n], k[s : s + n], v[s : s + n], attn.scale))
     o = mx.concatenate(outs) if len(outs) > 1 else outs[0]
     return attn.o_proj(o)
+
+
+def _row_attention(kv: RowKV, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+    """One row's n new tokens against its own KV: a prompt chunk, or forced tokens of a decoding row."""
+    n = q.shape[0]
+    k, v = k.transpose(1, 0, 2)[None], v.transpose(1, 0, 2)[None]
+    if kv.resident:
+        kv.batch.write_chunk(li, kv.slot, kv.length, k, v)
+        keys, values = kv.batch.row_kv(li, kv.slot, kv.length + n)
+    else:
+        keys, values = kv.layers[li].update_and_fetch(k, v)
+    # "causal" aligns the queries to the end of the keys, i.e. after the cached prefix.
+    o = mx.fast.scaled_dot_product_attention(
+        q.transpose(1, 0, 2)[None], keys, values, scale=scale, mask="causal" if n > 1 else None,
+    )
+    return o[0].transpose(1, 0, 2).reshape(n, -1)
 
 
 def _lm_head(model, h: mx.array) -> mx.array:

@@ -1,7 +1,9 @@
-"""Per-sequence KV storage: one mlx-lm `KVCache` per layer, growing in its own blocks.
+"""Per-sequence KV storage: an mlx-lm `KVCache` per layer while a prompt is read, then a slot
+of the shared `DecodeBatch` once the sequence decodes, so decode attention is one call per layer.
 
-Each sequence owns its caches, so memory follows its own length (no padding to the
-batch's longest) and finishing a sequence frees its memory by dropping the object.
+A prompt's KV follows its own length (no padding while reading long prompts); decoding rows
+sit in one padded (rows, kv_heads, T, head_dim) array per layer with per-row lengths.
+Finishing a sequence frees its caches or its slot.
 """
 
 from __future__ import annotations
@@ -13,35 +15,182 @@ from mlx_lm.models.cache import KVCache
 # (1, kv_heads, n_tokens, head_dim).
 LayerKV = tuple[mx.array, mx.array]
 
+T_STEP = 256  # the decode batch grows its token axis in blocks of this many positions
+
 
 class RowKV:
-    """The KV of one sequence across all layers."""
+    """The KV of one sequence across all layers: own caches, or a slot in a `DecodeBatch`."""
 
-    def __init__(self, n_layers: int):
-        self.layers = [KVCache() for _ in range(n_layers)]
+    def __init__(self, n_layers: int, batch: DecodeBatch | None = None):
+        self.layers: list[KVCache] | None = [KVCache() for _ in range(n_layers)]
+        self.batch = batch  # the decode batch this row may join (None: always own caches)
+        self.slot: int | None = None  # index in batch.members while resident
+        self.length = 0  # tokens held while resident (own caches track their own offset)
+
+    @property
+    def resident(self) -> bool:
+        return self.slot is not None
 
     @property
     def offset(self) -> int:
-        return self.layers[0].offset
+        return self.length if self.resident else self.layers[0].offset
 
     def load(self, kv: list[LayerKV], n: int) -> None:
         """Start from the first `n` tokens of a stored prefix (copy-free slices)."""
         for cache, (keys, values) in zip(self.layers, kv):
             cache.state = (keys[..., :n, :], values[..., :n, :], n)
 
+    def layer_kv(self, li: int, n: int) -> LayerKV:
+        """Layer `li`'s first `n` tokens, (1, kv_heads, n, head_dim) each (lazy slices)."""
+        if self.resident:
+            return self.batch.row_kv(li, self.slot, n)
+        c = self.layers[li]
+        return c.keys[..., :n, :], c.values[..., :n, :]
+
     def snapshot(self, n: int | None = None) -> list[LayerKV]:
         """The first `n` tokens (default: all) as per-layer arrays for the prefix cache.
 
-        Copied, so the stored entry does not keep this row's whole growing buffer alive.
+        Copied, so the stored entry does not keep this row's (or the batch's) buffers alive.
         """
         n = self.offset if n is None else n
-        out = [(mx.contiguous(c.keys[..., :n, :]), mx.contiguous(c.values[..., :n, :])) for c in self.layers]
+        out = [tuple(mx.contiguous(a) for a in self.layer_kv(li, n)) for li in range(self.n_layers)]
         mx.async_eval([a for pair in out for a in pair])
         return out
 
     @property
+    def n_layers(self) -> int:
+        return len(self.batch.keys) if self.resident else len(self.layers)
+
+    def arrays(self) -> list[mx.array]:
+        """The arrays holding this row's KV, to queue their evaluation."""
+        if self.resident:
+            return self.batch.keys + self.batch.values
+        return [c.keys for c in self.layers if c.keys is not None]
+
+    def release(self) -> None:
+        """Give back the batch slot (own caches go when the object does)."""
+        if self.resident:
+            self.batch.leave(self)
+
+    @property
     def nbytes(self) -> int:
+        if self.resident:
+            return self.batch.nbytes // max(len(self.batch.members), 1)
         return sum(c.nbytes for c in self.layers)
+
+
+class DecodeBatch:
+    """Shared K/V of the decoding rows: per layer (rows_cap, kv_heads, t_cap, head_dim) arrays.
+
+    Row `i` of every array belongs to `members[i]`; its positions 0..length-1 are valid, the
+    rest is padding masked out by the attention. A row leaving moves the last member into its
+    slot, so members always fill slots 0..M-1.
+    """
+
+    def __init__(self, n_layers: int):
+        self.keys: list[mx.array] = []
+        self.values: list[mx.array] = []
+        self.n_layers = n_layers
+        self.members: list[RowKV] = []
+        self.rows_cap = 0
+        self.t_cap = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys + self.values)
+
+    def join(self, row: RowKV) -> None:
+        """Move `row`'s own caches into a new slot (one copy per layer); its caches are dropped."""
+        n = row.offset
+        first = row.layers[0]
+        self.reserve(len(self.members) + 1, n + 1, first.keys.shape[1], first.keys.shape[3],
+                     first.values.shape[3], first.keys.dtype)
+        slot = len(self.members)
+        for li, cache in enumerate(row.layers):
+            self.keys[li][slot : slot + 1, :, :n, :] = cache.keys[..., :n, :]
+            self.values[li][slot : slot + 1, :, :n, :] = cache.values[..., :n, :]
+        self.members.append(row)
+        row.slot, row.length, row.layers = slot, n, None
+
+    def leave(self, row: RowKV) -> None:
+        """Free `row`'s slot: the last member moves into it; an empty batch frees its arrays."""
+        slot, last = row.slot, len(self.members) - 1
+        if slot != last:
+            moved = self.members[last]
+            n = moved.length  # includes a token written by a step already queued
+            for a in self.keys + self.values:
+                a[slot : slot + 1, :, :n] = a[last : last + 1, :, :n]
+            self.members[slot] = moved
+            moved.slot = slot
+        self.members.pop()
+        row.slot = None
+        row.batch = None
+        self._shrink()
+
+    def reserve(self, rows: int, t: int, kv_heads: int | None = None, k_dim: int | None = None,
+                v_dim: int | None = None, dtype=None) -> None:
+        """Grow the arrays to hold `rows` rows of `t` positions (rows double, t in blocks)."""
+        if not self.keys:
+            self.rows_cap, self.t_cap = max(rows, 4), _round_up(t)
+            for _ in range(self.n_layers):
+                self.keys.append(mx.zeros((self.rows_cap, kv_heads, self.t_cap, k_dim), dtype))
+                self.values.append(mx.zeros((self.rows_cap, kv_heads, self.t_cap, v_dim), dtype))
+            return
+        if rows > self.rows_cap:
+            extra = max(rows, 2 * self.rows_cap) - self.rows_cap
+            self._grow(0, extra)
+            self.rows_cap += extra
+        if t > self.t_cap:
+            extra = _round_up(t) - self.t_cap
+            self._grow(2, extra)
+            self.t_cap += extra
+
+    def _grow(self, axis: int, extra: int) -> None:
+        for arrays in (self.keys, self.values):
+            for li, a in enumerate(arrays):
+                shape = list(a.shape)
+                shape[axis] = extra
+                arrays[li] = mx.concatenate([a, mx.zeros(shape, a.dtype)], axis=axis)
+
+    def _shrink(self) -> None:
+        # Padding follows the longest member: give memory back once it is far below capacity.
+        if not self.members:
+            self.keys, self.values, self.rows_cap, self.t_cap = [], [], 0, 0
+            return
+        rows = self.rows_cap // 2 if len(self.members) <= self.rows_cap // 4 else self.rows_cap
+        t = _round_up(max(m.length for m in self.members) + 1)
+        t = t if t <= self.t_cap // 2 else self.t_cap
+        if rows == self.rows_cap and t == self.t_cap:
+            return
+        self.keys = [mx.contiguous(a[:rows, :, :t]) for a in self.keys]
+        self.values = [mx.contiguous(a[:rows, :, :t]) for a in self.values]
+        self.rows_cap, self.t_cap = rows, t
+
+    def write(self, li: int, index: tuple, k: mx.array, v: mx.array) -> None:
+        """Scatter one new token per row: `index` = (slots, heads, positions) broadcastable arrays."""
+        self.keys[li][index] = k
+        self.values[li][index] = v
+
+    def view(self, li: int, t: int, slots: mx.array | None) -> LayerKV:
+        """Every member's first `t` positions (`slots` None), or those of `slots` in that order."""
+        k, v = self.keys[li], self.values[li]
+        if slots is None:
+            m = len(self.members)
+            return k[:m, :, :t], v[:m, :, :t]
+        return k[slots, :, :t], v[slots, :, :t]
+
+    def write_chunk(self, li: int, slot: int, start: int, k: mx.array, v: mx.array) -> None:
+        """Write `n` new positions of one row (forced-token chunks), k/v (1, kv_heads, n, dim)."""
+        n = k.shape[2]
+        self.keys[li][slot : slot + 1, :, start : start + n, :] = k
+        self.values[li][slot : slot + 1, :, start : start + n, :] = v
+
+    def row_kv(self, li: int, slot: int, n: int) -> LayerKV:
+        return self.keys[li][slot : slot + 1, :, :n, :], self.values[li][slot : slot + 1, :, :n, :]
+
+
+def _round_up(t: int) -> int:
+    return (t + T_STEP - 1) // T_STEP * T_STEP
 
 
 def kv_bytes_per_token(model) -> int:

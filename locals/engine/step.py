@@ -77,7 +77,7 @@ class StepRunner:
                 seq.inflight += 1
             mx.async_eval(sampled.arrays())
         else:
-            mx.async_eval([c.keys for r in rows for c in r.kv.layers])
+            mx.async_eval([a for r in rows for a in r.kv.arrays()])
         self._cache_points(slots, before)
         return Launched(slots, samplers, sampled, prefill_tokens)
 

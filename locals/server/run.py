@@ -95,7 +95,7 @@ async def _serve(state: ServerState, model: str | None, host: str, port: int,
 
 async def _load(state: ServerState, model: str | None):
     """Load the model and start the engine; returns (engine, None) or (None, error message)."""
-    from locals.engine import Engine, load_model
+    from locals.engine import create_engine, load_model
 
     try:
         loaded = await _in_daemon_thread(load_model, model)
@@ -103,7 +103,7 @@ async def _load(state: ServerState, model: str | None):
         state.load_error = str(exc)
         log.error("cannot load %s: %s", state.model, exc)
         return None, str(exc)
-    engine = Engine(loaded)
+    engine = await _in_daemon_thread(create_engine, loaded)
     engine.start()
     state.model = loaded.name
     state.backend = Backend(loaded, engine)

@@ -1,0 +1,46 @@
+"""Builds the engine the daemon and the CLI run: the batched Engine plus the features that
+plug into its hooks — the prefix cache on disk, the repetition guard, tuned kernels
+(inside Engine) and a warmed-up constraint vocabulary.
+
+Tests build bare `Engine`s; everything users run goes through `create_engine`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from locals.config import cache_dir
+from locals.engine.disk_cache import DiskPrefixStore, model_key
+from locals.engine.engine import Engine
+from locals.engine.prefix_cache import MemoryPrefixCache
+from locals.engine.repetition import RepetitionSettings, repetition_guard_factory
+from locals.engine.settings import EngineConfig
+from locals.engine.tiered_cache import TieredPrefixCache
+
+log = logging.getLogger(__name__)
+
+DISK_CACHE_BYTES = 4 * 1024**3
+
+
+def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: bool = True,
+                  repetition: RepetitionSettings = RepetitionSettings(),
+                  disk_cache_bytes: int = DISK_CACHE_BYTES) -> Engine:
+    """The engine with every agent feature on (not started)."""
+    config = config or EngineConfig()
+    memory = MemoryPrefixCache(config.prefix_cache_bytes)
+    cache = memory
+    if disk_cache and config.prefix_cache_bytes > 0:
+        key = model_key(loaded.model_id, loaded.tokenizer, revision=loaded.info.get("revision", ""))
+        cache = TieredPrefixCache(memory, DiskPrefixStore(cache_dir() / "prompts", key, disk_cache_bytes))
+    engine = Engine(loaded, config, prefix_cache=cache, guards=[repetition_guard_factory(repetition)])
+    _warm_constraints(loaded)
+    return engine
+
+
+def _warm_constraints(loaded) -> None:
+    try:
+        from locals.engine.constrain import warm_up
+
+        warm_up(loaded)
+    except Exception:  # warming is an optimisation; a failure shows up on the first request
+        log.exception("constraint warm-up failed")
