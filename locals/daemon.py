@@ -32,7 +32,8 @@ START_TIMEOUT_S = 900  # first start may download a model
 LOG_ROTATE_BYTES = 20 << 20
 # Environment a service manager must pass on (it does not inherit the caller's).
 PASSED_ENV = ("LOCALS_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT",
-              "XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "PATH", "LD_PRELOAD")
+              "XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "PATH", "LD_PRELOAD",
+              "LOCALS_KV_BUDGET_MB", "LOCALS_MAX_BATCH")
 
 
 class AlreadyRunning(LocalsError):

@@ -130,7 +130,8 @@ def run_tools(loaded, choice, n, budgets, seed):
 
 def test_quick_json_batch_parses_at_high_temperature(smollm2):
     rng = random.Random(1)
-    run_json(smollm2, PERSON, 4, [rng.randint(10, 24) for _ in range(4)], seed=1)
+    shortest = len(build_constraint(smollm2, json_schema=PERSON).closing_tokens())
+    run_json(smollm2, PERSON, 4, [rng.randint(shortest, 24) for _ in range(4)], seed=1)
 
 
 @pytest.mark.slow
@@ -146,7 +147,8 @@ def test_quick_tool_batch_parses_at_high_temperature(smollm2):
 @pytest.mark.parametrize("schema", [PERSON, NESTED, UNICODE], ids=["person", "nested", "unicode"])
 def test_json_schemas_hold_over_100_generations(smollm2, schema):
     rng = random.Random(7)
-    budgets = [rng.choice([rng.randint(8, 40), 64]) for _ in range(104)]
+    shortest = len(build_constraint(smollm2, json_schema=schema).closing_tokens())
+    budgets = [rng.choice([rng.randint(shortest, 40), 64]) for _ in range(104)]
     run_json(smollm2, schema, 104, budgets, seed=11)
 
 
@@ -158,6 +160,17 @@ def test_coding_tools_hold_over_100_generations(smollm2, choice):
     budgets = [rng.choice([rng.randint(30, 60), 80]) for _ in range(104)]
     texts = run_tools(smollm2, choice, 104, budgets, seed=12)
     check_calls(texts, {t["function"]["name"] for t in CODING_TOOLS}, expect_call=choice == "required")
+
+
+def test_a_budget_below_the_shortest_output_is_refused(smollm2):
+    from locals.errors import RequestError
+
+    shortest = len(build_constraint(smollm2, json_schema=PERSON).closing_tokens())
+    assert build_constraint(smollm2, json_schema=PERSON, max_tokens=shortest) is not None
+    with pytest.raises(RequestError, match="shortest valid output"):
+        build_constraint(smollm2, json_schema=PERSON, max_tokens=shortest - 1)
+    with pytest.raises(RequestError, match="raise max_tokens"):
+        build_constraint(smollm2, tools=CODING_TOOLS, tool_choice="required", max_tokens=5)
 
 
 def test_tool_choice_none_never_constrains(smollm2):

@@ -93,6 +93,9 @@ def test_batched_greedy_equals_alone_mixed_lengths_staggered(engine, tiny_llama)
         assert c.tokens(rid) == expected
         assert c.finish(rid).reason == "length"
         assert c.finish(rid).usage.completion_tokens == 20
+    # Decoding rows shared the batched KV; once all finished it holds nothing.
+    assert wait_for(lambda: not engine.decode_batch.members)
+    assert engine.decode_batch.nbytes == 0
 
 
 def test_unpipelined_engine_matches_pipelined(tiny_llama, engine):

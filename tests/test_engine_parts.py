@@ -1,5 +1,5 @@
 """The engine's small parts alone: stop-string holdback, the in-memory prefix cache, the
-step scheduler's token budget, device-side masks/sampling, and the ragged forward pass."""
+step scheduler's token budget, device-side masks/sampling, the ragged forward pass and its shared decode batch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 
 from locals.engine.forward import RowInput, forward
-from locals.engine.kv import RowKV
+from locals.engine.kv import DecodeBatch, RowKV
 from locals.engine.prefix_cache import MemoryPrefixCache, NoPrefixCache
 from locals.engine.sampling import RowSampling, apply_masks, sample
 from locals.engine.scheduler import Scheduler
@@ -123,3 +123,78 @@ def test_ragged_forward_matches_plain_model(tiny_llama):
     ref_a, ref_b = model(a[None])[0, -1], model(b[None])[0, -1]
     assert mx.allclose(first[0], ref_b, atol=1e-4) and mx.allclose(second[0], ref_a, atol=1e-4)
     assert ka.offset == 20 and kb.offset == 3
+
+
+def _plain_last_logits(model, tokens: list[int]) -> mx.array:
+    return model(mx.array(tokens)[None])[0, -1]
+
+
+def test_decode_batch_forward_matches_plain_model(tiny_llama):
+    model = tiny_llama.model
+    n_layers = len(model.layers)
+    batch = DecodeBatch(n_layers)
+    seqs = [list(range(10, 10 + n)) for n in (5, 9, 3)]
+    kvs = [RowKV(n_layers, batch) for _ in seqs]
+    forward(model, [RowInput(mx.array(s[:-1]), len(s) - 1, kv, False) for s, kv in zip(seqs, kvs)])
+    assert not any(kv.resident for kv in kvs)  # prompt chunks stay in the rows' own caches
+
+    # One token each, different lengths: the rows join and attend in one masked call.
+    out = forward(model, [RowInput(mx.array(s[-1:]), 1, kv, True) for s, kv in zip(seqs, kvs)])
+    assert [kv.slot for kv in kvs] == [0, 1, 2] and [kv.offset for kv in kvs] == [5, 9, 3]
+    for i, s in enumerate(seqs):
+        assert mx.allclose(out[i], _plain_last_logits(model, s), atol=1e-4)
+
+    # Two of three members decode (gathered, out of slot order); the third feeds forced tokens.
+    seqs[0] += [40]
+    seqs[1] += [42, 43]
+    seqs[2] += [41]
+    out = forward(model, [RowInput(mx.array([41]), 1, kvs[2], True), RowInput(mx.array([42, 43]), 2, kvs[1], True),
+                          RowInput(mx.array([40]), 1, kvs[0], True)])
+    for j, i in enumerate([2, 1, 0]):
+        assert mx.allclose(out[j], _plain_last_logits(model, seqs[i]), atol=1e-4)
+    assert [kv.offset for kv in kvs] == [6, 11, 4]
+
+    # A row leaving moves the last member into its slot; the others keep decoding correctly.
+    snap = kvs[2].snapshot()
+    kvs[0].release()
+    assert kvs[2].slot == 0 and len(batch.members) == 2
+    assert all(mx.array_equal(a, b) for pair, again in zip(snap, kvs[2].snapshot()) for a, b in zip(pair, again))
+    seqs[1] += [44]
+    seqs[2] += [45]
+    out = forward(model, [RowInput(mx.array([44]), 1, kvs[1], True), RowInput(mx.array([45]), 1, kvs[2], True)])
+    assert mx.allclose(out[0], _plain_last_logits(model, seqs[1]), atol=1e-4)
+    assert mx.allclose(out[1], _plain_last_logits(model, seqs[2]), atol=1e-4)
+    kvs[1].release()
+    kvs[2].release()
+    assert batch.members == [] and batch.keys == [] and batch.nbytes == 0
+
+
+def test_decode_batch_grows_past_a_block(tiny_llama):
+    model = tiny_llama.model
+    n_layers = len(model.layers)
+    batch = DecodeBatch(n_layers)
+    seqs = [list(range(3, 3 + 250)), list(range(7, 7 + 20))]
+    kvs = [RowKV(n_layers, batch) for _ in seqs]
+    forward(model, [RowInput(mx.array(s), len(s), kv, False) for s, kv in zip(seqs, kvs)])
+    for step in range(8):  # the long row crosses the 256-position block while decoding
+        for s in seqs:
+            s.append(100 + step)
+        out = forward(model, [RowInput(mx.array(s[-1:]), 1, kv, True) for s, kv in zip(seqs, kvs)])
+    assert batch.t_cap == 512
+    for i, s in enumerate(seqs):
+        assert mx.allclose(out[i], _plain_last_logits(model, s), atol=1e-4)
+
+
+def test_long_row_decodes_on_its_own_caches_next_to_the_batch(tiny_llama):
+    model = tiny_llama.model
+    n_layers = len(model.layers)
+    batch = DecodeBatch(n_layers)
+    seqs = [list(range(10, 15)), list(range(20, 29)), [(7 * i) % 500 + 3 for i in range(300)]]
+    kvs = [RowKV(n_layers, batch) for _ in seqs]
+    forward(model, [RowInput(mx.array(s[:-1]), len(s) - 1, kv, False) for s, kv in zip(seqs, kvs)])
+    out = forward(model, [RowInput(mx.array(s[-1:]), 1, kv, True) for s, kv in zip(seqs, kvs)])
+    # Padding the two short rows to 300 positions would exceed the bound: the long row stays out.
+    assert kvs[0].resident and kvs[1].resident and not kvs[2].resident
+    assert not batch.fits(kvs[2].offset) and kvs[2].offset == 300
+    for i, s in enumerate(seqs):
+        assert mx.allclose(out[i], _plain_last_logits(model, s), atol=1e-4)

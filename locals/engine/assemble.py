@@ -8,6 +8,7 @@ Tests build bare `Engine`s; everything users run goes through `create_engine`.
 from __future__ import annotations
 
 import logging
+import os
 
 from locals.config import cache_dir
 from locals.engine.disk_cache import DiskPrefixStore, model_key
@@ -26,7 +27,7 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
                   repetition: RepetitionSettings = RepetitionSettings(),
                   disk_cache_bytes: int = DISK_CACHE_BYTES) -> Engine:
     """The engine with every agent feature on (not started)."""
-    config = config or EngineConfig()
+    config = config or config_from_env()
     memory = MemoryPrefixCache(config.prefix_cache_bytes)
     cache = memory
     if disk_cache and config.prefix_cache_bytes > 0:
@@ -35,6 +36,16 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
     engine = Engine(loaded, config, prefix_cache=cache, guards=[repetition_guard_factory(repetition)])
     _warm_constraints(loaded)
     return engine
+
+
+def config_from_env() -> EngineConfig:
+    """EngineConfig with LOCALS_KV_BUDGET_MB / LOCALS_MAX_BATCH applied (for `serve`, `start`)."""
+    config = EngineConfig()
+    if os.environ.get("LOCALS_KV_BUDGET_MB"):
+        config.kv_budget_bytes = int(float(os.environ["LOCALS_KV_BUDGET_MB"]) * 2**20)
+    if os.environ.get("LOCALS_MAX_BATCH"):
+        config.max_batch = int(os.environ["LOCALS_MAX_BATCH"])
+    return config
 
 
 def _warm_constraints(loaded) -> None:

@@ -54,18 +54,20 @@ class _DecodePlan:
     """
 
     def __init__(self, rows: list[RowInput]):
-        # A row with no KV yet (a one-token prompt) reads it alone first; it joins next pass.
-        candidates = [r for r in rows if r.n == 1 and r.kv.batch is not None
-                      and (r.kv.resident or r.kv.offset > 0)]
+        candidates = [r for r in rows if r.n == 1 and r.kv.batch is not None]
         batch = candidates[0].kv.batch if candidates else None
         self.rows: list[RowInput] = []
         self.batch = batch
         if batch is None:
             return
         for r in candidates:
-            if r.kv.batch is batch and not r.kv.resident:
+            # A row with no KV yet (a one-token prompt) reads it alone first and joins later;
+            # so does one too long for the batch's padding (it keeps its own caches).
+            if not r.kv.resident and r.kv.offset > 0 and batch.fits(r.kv.offset):
                 batch.join(r.kv)
-        self.rows = sorted((r for r in candidates if r.kv.batch is batch), key=lambda r: r.kv.slot)
+        self.rows = sorted((r for r in candidates if r.kv.resident), key=lambda r: r.kv.slot)
+        if not self.rows:
+            return
         lengths = [r.kv.length for r in self.rows]
         slots = [r.kv.slot for r in self.rows]
         self.t = max(lengths) + 1

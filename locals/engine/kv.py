@@ -16,6 +16,9 @@ from mlx_lm.models.cache import KVCache
 LayerKV = tuple[mx.array, mx.array]
 
 T_STEP = 256  # the decode batch grows its token axis in blocks of this many positions
+# A row joins the decode batch only while the padded batch stays within this factor of its
+# rows' own KV (plus one block each): a long row among short ones decodes on its own caches.
+MAX_PADDING = 2
 
 
 class RowKV:
@@ -98,6 +101,12 @@ class DecodeBatch:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.keys + self.values)
+
+    def fits(self, n: int) -> bool:
+        """Whether a row of `n` tokens may join without padding the batch past MAX_PADDING."""
+        lengths = [m.length for m in self.members] + [n]
+        padded = len(lengths) * _round_up(max(lengths) + 1)
+        return padded <= MAX_PADDING * sum(lengths) + len(lengths) * T_STEP
 
     def join(self, row: RowKV) -> None:
         """Move `row`'s own caches into a new slot (one copy per layer); its caches are dropped."""

@@ -61,6 +61,16 @@ def _tool_set(loaded, vocab, fmt, schemas: dict[str, dict]) -> ToolSet:
     return built
 
 
+def _fits_budget(constraint, max_tokens: int | None, what: str):
+    """The constraint, or a RequestError when even the shortest valid output exceeds max_tokens."""
+    if max_tokens is not None:
+        need = len(constraint.closing_tokens())
+        if need > max_tokens:
+            raise RequestError(f"max_tokens={max_tokens} is too small for {what}: its shortest valid "
+                               f"output takes {need} tokens; raise max_tokens")
+    return constraint
+
+
 def build_constraint(loaded, *, tools: list[dict] | None = None, tool_choice="auto",
                      json_schema: dict | None = None, parallel_tool_calls: bool = True,
                      max_tokens: int | None = None):
@@ -89,12 +99,14 @@ def build_constraint(loaded, *, tools: list[dict] | None = None, tool_choice="au
                                f"{loaded.tool_format!r} tool-call format of this model does not support")
         toolset = _tool_set(loaded, vocab, fmt, schemas)
         max_calls = 1 if named is not None or not parallel_tool_calls else None
-        return ToolCallConstraint(toolset, required=mode == "required", max_calls=max_calls,
-                                  max_tokens=max_tokens)
+        constraint = ToolCallConstraint(toolset, required=mode == "required", max_calls=max_calls,
+                                        max_tokens=max_tokens)
+        return _fits_budget(constraint, max_tokens, "a tool call") if mode == "required" else constraint
     if json_schema is not None:
         regex = schema_regex(json_schema, label="the response JSON schema")
         index = compiler.compile_regex(regex, vocab, label="the response JSON schema")
-        return JsonConstraint(index, DeviceRow(token_row(vocab, vocab.eos_ids)), max_tokens=max_tokens)
+        constraint = JsonConstraint(index, DeviceRow(token_row(vocab, vocab.eos_ids)), max_tokens=max_tokens)
+        return _fits_budget(constraint, max_tokens, "the response JSON schema")
     if tools is not None and not isinstance(tools, list):
         raise RequestError("tools must be a list of {\"type\": \"function\", \"function\": …} objects")
     return None

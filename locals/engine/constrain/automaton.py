@@ -174,9 +174,11 @@ class ToolCallConstraint:
 
     def _closing_queue(self) -> list[int] | None:
         budget = self._budget
-        if budget.queue is None and budget.left is not None and budget.left <= self._tools.shortest_call() * 4:
+        if budget.queue is None and budget.left is not None and budget.left <= self._tools.longest_call() * 4:
             closing = self.closing_tokens()
-            if closing and budget.short(len(closing)):
+            # While the name is open, close as soon as some offered tool would not fit.
+            needed = self._tools.longest_call() if self._phase is Phase.HEAD else len(closing)
+            if closing and budget.short(needed):
                 budget.queue, self.closed_by_budget = closing, True
         return budget.queue
 

@@ -116,6 +116,7 @@ class ToolSet:
                 self._futures[name] = compiler.submit(regex, vocab)
         self._calls: dict[str, CompiledIndex] = {}
         self._shortest: int | None = None
+        self._longest: int | None = None
         self.between = DeviceRow(self.head.rows[self.head.row_of[self.head.initial]] | token_row(vocab, vocab.eos_ids))
         self.eos_only = DeviceRow(token_row(vocab, vocab.eos_ids))
 
@@ -153,6 +154,23 @@ class ToolSet:
         if tokens is None or index.walk_tokens(start, tokens) is None:
             tokens = self.vocab.split_bytes(head_text + rest) or []
         return tokens
+
+    def longest_call(self) -> int:
+        """Tokens in the longest of the tools' shortest calls: while the name is still open, a
+        budget shorter than this could let the model pick a tool it has no room to finish."""
+        if self._longest is None:
+            frame = self.head.closing_text(self.head.initial) or b""
+            at = frame.find(self.fmt.name_intro)
+            prefix = frame[: at + len(self.fmt.name_intro)] if at >= 0 else b""
+            lengths = [self.shortest_call()]
+            for name in self.names:
+                head = prefix + name.encode()
+                state = self.head.walk(self.head.initial, head)
+                if state is not None:
+                    start = self.vocab.encode(head) or self.vocab.split_bytes(head) or []
+                    lengths.append(len(start) + len(self.closing_from_head(head, state)))
+            self._longest = max(lengths)
+        return self._longest
 
     def shortest_call(self) -> int:
         """Tokens in the shortest complete call (a new call only starts when that much budget is left)."""
