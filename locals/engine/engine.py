@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import mlx.core as mx
 
+from locals.engine.backend import release_memory
 from locals.engine.admission import ADMIT, WAIT, Admission, KVBudgetAdmission
 from locals.engine.guards import GuardFactory, make_guards
 from locals.engine.forward import supports_ragged
@@ -189,7 +190,14 @@ class Engine:
         # MLX streams belong to the thread that creates them: make ours here.
         with mx.stream(mx.new_stream(mx.default_device())):
             launched: Launched | None = None
+            busy = False
             while not self._stopping.is_set():
+                idle = launched is None and not self._active and not self._waiting
+                if idle and busy:
+                    # Once the last request is gone, give freed memory back so the server
+                    # returns to its idle size between bursts of agents.
+                    release_memory()
+                busy = not idle
                 self._drain(block=launched is None and not self._active)
                 self._admit()
                 if launched is not None and any(s.needs_sync for s in self._active):

@@ -124,7 +124,7 @@ class Sequence:
     def _after_constraint_step(self) -> None:
         c = self.constraint
         if c.is_complete():
-            return self._finish_text("stop")
+            return self._finish_text(self._complete_reason())
         forced = c.forced_tokens()
         for token in forced:
             if self._room_left_for_closing():
@@ -135,8 +135,12 @@ class Sequence:
             if self._append(token, None, forced=True):
                 return
             if c.is_complete():
-                return self._finish_text("stop")
+                return self._finish_text(self._complete_reason())
         self._room_left_for_closing()
+
+    def _complete_reason(self) -> str:
+        """A complete output is a "stop", unless the constraint closed it because the budget ran out."""
+        return "length" if getattr(self.constraint, "closed_by_budget", False) else "stop"
 
     def _room_left_for_closing(self) -> bool:
         """When only the closing tokens still fit in max_tokens, append them and finish "length"."""
