@@ -286,3 +286,14 @@ def test_generate_adapter_and_empty_prompt(engine):
     assert sum(len(e.tokens) for e in events if isinstance(e, TokenEvent)) == 3
     fin = list(engine.generate(GenerationRequest([], SamplingParams(max_tokens=3))))[-1]
     assert fin.reason == "error" and "empty prompt" in fin.error
+
+
+def test_output_the_constraint_closed_for_the_budget_finishes_length(engine, tiny_llama):
+    """A constraint that completes because it spent its budget on closing reports "length"."""
+    constraint = AllowedSet(tiny_llama.vocab_size, {300}, end=300)
+    constraint.closed_by_budget = True
+    c = Collector()
+    rid = c.submit(engine, GenerationRequest([1, 2, 3], SamplingParams(max_tokens=50), constraint=constraint))
+    c.wait()
+    assert c.tokens(rid) == [300]
+    assert c.finish(rid).reason == "length"

@@ -19,12 +19,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+# Order of `--help`: the server first, then agents and tools, then the model alone.
 COMMAND_MODULES = [
+    "locals.cli.daemon",
+    "locals.cli.launch",
+    "locals.cli.run",
     "locals.cli.generate",
     "locals.cli.cache",
-    "locals.cli.run",
-    "locals.cli.launch",
-    "locals.cli.daemon",
     "locals.cli.tune",
 ]
 
