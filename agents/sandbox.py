@@ -129,9 +129,17 @@ def check_bwrap() -> None:
     _bwrap_ok = True
 
 
+def _python_dirs_under_tmp() -> list[str]:
+    """This Python's environment and base install when they are under /tmp (hidden by the private /tmp)."""
+    dirs = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable))}
+    return sorted(d for d in dirs if d == "/tmp" or d.startswith("/tmp/"))
+
+
 def _bwrap_argv(box: Sandbox, cwd: Path) -> list[str]:
     # The whole file system read-only, a private /tmp, then the writable folders at their own paths.
     argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for path in _python_dirs_under_tmp():  # a Python env living in /tmp stays visible, read-only
+        argv += ["--ro-bind", path, path]
     for path in box.writable:
         argv += ["--bind", str(path), str(path)]
     argv += ["--unshare-user-try", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
