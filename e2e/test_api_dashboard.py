@@ -4,6 +4,7 @@ model and a request count that changes after a request."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -16,12 +17,17 @@ pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--no-first-run", "--virtual-time-budget=5000"]
+# The test process may run with OpenBLAS preloaded (tests/conftest.py re-execs with it);
+# Chromium's GPU process dies with that preload ("GPU process isn't usable"), so drop it.
+CHROMIUM_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+
 def rendered_dom(url: str, profile) -> str:
     """The page's DOM after its scripts ran (virtual time lets the first poll complete)."""
-    done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--no-first-run", f"--user-data-dir={profile}", "--virtual-time-budget=5000", "--dump-dom", url],
-        capture_output=True, text=True, timeout=120)
+    done = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--dump-dom", url],
+                          capture_output=True, text=True, timeout=120, env=CHROMIUM_ENV)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
