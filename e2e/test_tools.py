@@ -40,9 +40,6 @@ CASES = {
 }
 # What keeps a tool from finishing a request on the embedded 8k-token model, found by running it.
 KNOWN = {
-    "claude": pytest.mark.xfail(strict=False, reason=(
-        "Claude Code 2.1.3xx sends a message with role 'system' inside `messages`; the server's "
-        "Anthropic parser answers 400 (messages[1] must be user or assistant)")),
     "openhands": pytest.mark.xfail(strict=False, reason=(
         "OpenHands' first prompt is 8,502 tokens, over the embedded model's 8,192-token window (400)")),
     "kilo": pytest.mark.xfail(strict=False, reason=(
