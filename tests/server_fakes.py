@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from mlx_lm.tool_parsers import json_tools
 
 from locals.protocol import EngineStats, FinishEvent, TokenEvent, TokenLogprob, Usage
@@ -136,4 +138,32 @@ def sse_events(text: str) -> list[tuple[str | None, str]]:
             elif line.startswith("data: "):
                 data.append(line[6:])
         out.append((event, "\n".join(data)))
+    return out
+
+
+# Fixtures shared by the API test modules (each imports them by name).
+@pytest.fixture
+def engine():
+    return ScriptedEngine()
+
+
+@pytest.fixture
+def constraints():
+    return Constraints()
+
+
+@pytest.fixture
+async def client(engine, constraints):
+    client = await start_client(make_state(engine, constraints=constraints))
+    yield client
+    await client.close()
+
+
+def events_of(text: str) -> list[dict]:
+    """The JSON payloads of an SSE body whose event names repeat each payload's type."""
+    out = []
+    for name, data in sse_events(text):
+        payload = json.loads(data)
+        assert payload["type"] == name
+        out.append(payload)
     return out

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from server_fakes import Constraints, ScriptedEngine, make_state, sse_events, start_client
+from server_fakes import client, constraints, engine  # noqa: F401 (shared fixtures)
+from server_fakes import events_of, make_state, ScriptedEngine, start_client
 
 BASH_TOOL = {"name": "Bash", "description": "Run a bash command",
              "input_schema": {"type": "object", "properties": {"command": {"type": "string"}},
@@ -32,32 +33,6 @@ def claude_code_request(messages):
 
 HEADERS = {"anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14",
            "x-api-key": "anything", "x-app": "cli"}
-
-
-@pytest.fixture
-def engine():
-    return ScriptedEngine()
-
-
-@pytest.fixture
-def constraints():
-    return Constraints()
-
-
-@pytest.fixture
-async def client(engine, constraints):
-    client = await start_client(make_state(engine, constraints=constraints))
-    yield client
-    await client.close()
-
-
-def events_of(text):
-    out = []
-    for name, data in sse_events(text):
-        payload = json.loads(data)
-        assert payload["type"] == name
-        out.append(payload)
-    return out
 
 
 async def test_plain_message(client, engine):

@@ -6,27 +6,10 @@ import json
 
 import pytest
 
-from server_fakes import Constraints, ScriptedEngine, make_state, start_client
+from server_fakes import client, constraints, engine  # noqa: F401 (shared fixtures)
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}]
-
-
-@pytest.fixture
-def engine():
-    return ScriptedEngine()
-
-
-@pytest.fixture
-def constraints():
-    return Constraints()
-
-
-@pytest.fixture
-async def client(engine, constraints):
-    client = await start_client(make_state(engine, constraints=constraints))
-    yield client
-    await client.close()
 
 
 async def test_chat_streams_ndjson_by_default(client, engine):

@@ -6,29 +6,13 @@ import json
 
 import pytest
 
-from server_fakes import Constraints, ScriptedEngine, make_state, sse_events, start_client
+from server_fakes import client, constraints, engine  # noqa: F401 (shared fixtures)
+from server_fakes import sse_events
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-
-
-@pytest.fixture
-def engine():
-    return ScriptedEngine()
-
-
-@pytest.fixture
-def constraints():
-    return Constraints()
-
-
-@pytest.fixture
-async def client(engine, constraints):
-    client = await start_client(make_state(engine, constraints=constraints))
-    yield client
-    await client.close()
 
 
 async def chat(client, **body):

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from server_fakes import Constraints, ScriptedEngine, make_state, sse_events, start_client
+from server_fakes import client, constraints, engine  # noqa: F401 (shared fixtures)
+from server_fakes import events_of as shared_events_of
 
 SHELL_TOOL = {"type": "function", "name": "shell", "description": "Runs a shell command", "strict": False,
               "parameters": {"type": "object", "properties": {
@@ -36,29 +37,9 @@ def codex_request(extra_input=()):
     }
 
 
-@pytest.fixture
-def engine():
-    return ScriptedEngine()
-
-
-@pytest.fixture
-def constraints():
-    return Constraints()
-
-
-@pytest.fixture
-async def client(engine, constraints):
-    client = await start_client(make_state(engine, constraints=constraints))
-    yield client
-    await client.close()
-
-
 def events_of(text):
-    out = []
-    for name, data in sse_events(text):
-        payload = json.loads(data)
-        assert payload["type"] == name
-        out.append(payload)
+    """Responses events, numbered 0, 1, 2… by `sequence_number`."""
+    out = shared_events_of(text)
     assert [e["sequence_number"] for e in out] == list(range(len(out)))
     return out
 
