@@ -1,6 +1,9 @@
 """Constrained decoding costs: step time at B=8 with all rows constrained vs none, mask time,
 compile time per schema, first-seen 24-tool latency, and the share of jump-forward tokens.
 
+Also the compile time of one tool's call automaton in each tool-call format. Writes
+benchmarks/results/constraint-<device>-<time>.json.
+
 Run: python benchmarks/constraint.py [--model smollm2] [--steps 32] [--json out.json]
 """
 
@@ -8,13 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from locals.engine.constrain import build_constraint
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import write_results  # noqa: E402
+from locals.engine.constrain import build_constraint  # noqa: E402
 from locals.engine.constrain.apply import apply_bitmasks
 from locals.engine.constrain.schema import schema_regex
 from locals.engine.constrain.vocab import token_vocab
@@ -85,6 +93,13 @@ def compile_times(loaded) -> dict[str, float]:
         t0 = time.perf_counter()
         compiler.compile_regex(regex, vocab, label=name)
         out[name] = time.perf_counter() - t0
+    from locals.engine.constrain.formats import FORMATS
+    for parser in ("json_tools", "qwen3_coder", "llama3_json"):
+        fmt, tool = FORMATS[parser], tool_set("x", 1)[0]["function"]
+        regex = fmt.call_regex(tool["name"], fmt.arguments_regex(tool["parameters"], parser))
+        t0 = time.perf_counter()
+        compiler.compile_regex(regex + f"(#{uuid.uuid4().hex[:8]})?", vocab, label=parser)
+        out[f"one_tool_call_{parser}"] = time.perf_counter() - t0
     tag = "t" + uuid.uuid4().hex[:6]
     t0 = time.perf_counter()
     c = build_constraint(loaded, tools=tool_set(tag, 24), tool_choice="required")
@@ -112,6 +127,7 @@ def main() -> None:
                    overhead=constrained / free - 1, mask_s_per_step=mask_s, jump_forward_share=forced)
     for key, value in results.items():
         print(f"{key:24} {value:.4f}" if isinstance(value, float) else f"{key:24} {value}")
+    print("wrote", write_results("constraint", results))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

@@ -33,7 +33,8 @@ LOG_ROTATE_BYTES = 20 << 20
 # Environment a service manager must pass on (it does not inherit the caller's).
 PASSED_ENV = ("LOCALS_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT",
               "XDG_CACHE_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "PATH", "LD_PRELOAD",
-              "LOCALS_KV_BUDGET_MB", "LOCALS_MAX_BATCH")
+              "LOCALS_KV_BUDGET_MB", "LOCALS_MAX_BATCH", "LOCALS_SPECULATE", "LOCALS_API_KEY",
+              "LOCALS_CONSTRAINT_TIMEOUT", "LOCALS_NO_OPENBLAS")
 
 
 class AlreadyRunning(LocalsError):

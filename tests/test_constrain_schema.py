@@ -85,3 +85,10 @@ def test_free_form_objects_get_a_shallow_regex():
     assert _matches({}, '[1, {"a": true}]')
     nested = {"type": "object", "properties": {"opts": {"type": "object"}}, "required": ["opts"]}
     assert _matches(nested, '{"opts": {"k": 1}}') and not _matches(nested, '{"opts": {"k": {"d": 1}}}')
+
+
+def test_optional_properties_keep_json_dumps_spacing():
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abcd"}, "required": ["a", "c"]}
+    for value in ({"a": 1, "c": 3}, {"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 2, "c": 3, "d": 4}):
+        assert _matches(schema, json.dumps(value)), value
+    assert not _matches(schema, '{"a": 1,"c": 3}')

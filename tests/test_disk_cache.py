@@ -33,7 +33,8 @@ def test_round_trip_and_restart(tmp_path, dtype):
     assert n == 100
     loaded = again.load(entry)
     assert loaded[0][0].dtype == dtype and _same(loaded, kv)
-    assert again.longest(tokens[:50])[0] == 0  # only whole stored prefixes count
+    assert again.longest(tokens[:50])[0] == 50  # a longer file serves a shorter prompt
+    assert again.longest([7] + tokens)[0] == 0
 
 
 def test_foreign_model_file_is_discarded(tmp_path):
@@ -97,6 +98,35 @@ def test_tiers_persist_reused_prefixes_and_serve_after_restart(tmp_path):
     n, kv2 = restarted.lookup(prompt[:200] + [1, 2])
     assert n == 200 and restarted.disk_hits == 1
     assert np.allclose(np.array(kv2[0][0][..., :200, :]), np.array(kv[0][0][..., :200, :]))
+
+
+def test_a_conversation_file_serves_its_system_prompt_after_restart(tmp_path):
+    system, turn1, turn2 = list(range(100)), list(range(500, 540)), list(range(600, 650))
+    kv = _kv(190)
+    tiered = TieredPrefixCache(MemoryPrefixCache(10**9), DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=64))
+    tiered.insert(system + turn1 + turn2, kv)
+    tiered.lookup(system + turn1 + [1])  # turn 2 of the conversation: system + turn 1 go to disk
+    tiered.disk.flush()
+    tiered.lookup(system + turn1 + turn2 + [1])  # turn 3 has not doubled what disk holds: no write
+    tiered.disk.flush()
+    assert [len(e.tokens) for e in tiered.disk.entries.values()] == [140]
+    restarted = TieredPrefixCache(MemoryPrefixCache(10**9), DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=64))
+    n, kv2 = restarted.lookup(system + [9, 9, 9])  # another agent, same system prompt
+    assert n == 100 and restarted.disk_hits == 1
+    assert _same([(k[..., :100, :], v[..., :100, :]) for k, v in kv2], [(k[..., :100, :], v[..., :100, :]) for k, v in kv])
+    # The loaded file now sits in memory whole: the next request needs no disk read.
+    assert restarted.lookup(system + turn1 + [5])[0] == 140 and restarted.disk_hits == 1
+
+
+def test_a_file_that_doubles_a_stored_prefix_replaces_it(tmp_path):
+    store = DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=1)
+    store.save(list(range(50)), _kv(50))
+    store.flush()
+    store.save(list(range(30)), _kv(30))  # inside a stored file already: not written
+    store.save(list(range(120)), _kv(120, seed=3))
+    store.flush()
+    assert [len(e.tokens) for e in store.entries.values()] == [120]
+    assert len(list((tmp_path / "m").glob("*.kv"))) == 1
 
 
 def test_cache_cli_lists_and_clears(locals_home):

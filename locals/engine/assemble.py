@@ -39,12 +39,14 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
 
 
 def config_from_env() -> EngineConfig:
-    """EngineConfig with LOCALS_KV_BUDGET_MB / LOCALS_MAX_BATCH applied (for `serve`, `start`)."""
+    """EngineConfig with LOCALS_KV_BUDGET_MB / LOCALS_MAX_BATCH / LOCALS_SPECULATE applied (for `serve`, `start`)."""
     config = EngineConfig()
     if os.environ.get("LOCALS_KV_BUDGET_MB"):
         config.kv_budget_bytes = int(float(os.environ["LOCALS_KV_BUDGET_MB"]) * 2**20)
     if os.environ.get("LOCALS_MAX_BATCH"):
         config.max_batch = int(os.environ["LOCALS_MAX_BATCH"])
+    if os.environ.get("LOCALS_SPECULATE", "").strip().lower() in ("0", "false", "off", "no"):
+        config.speculate = False
     return config
 
 

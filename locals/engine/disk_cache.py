@@ -46,14 +46,22 @@ class DiskEntry:
     nbytes: int
 
 
-def _encode(key: str, tokens: list[int], kv: list[tuple[np.ndarray, np.ndarray]], dtype: str) -> bytes:
+def _write_file(path: Path, key: str, tokens: list[int], kv: list[tuple[np.ndarray, np.ndarray]],
+                dtype: str) -> int:
+    """Write the file format to `path` piece by piece (no whole-file copy in memory); its size."""
     header = {"model_key": key, "tokens": list(map(int, tokens)), "dtype": dtype,
               "shapes": [[list(k.shape), list(v.shape)] for k, v in kv]}
     head = json.dumps(header).encode()
-    parts = [MAGIC, len(head).to_bytes(8, "little"), head]
-    parts += [a.tobytes() for pair in kv for a in pair]
-    body = b"".join(parts)
-    return body + hashlib.sha256(body).digest()
+    digest, size = hashlib.sha256(), 0
+    with open(path, "wb") as f:
+        # hashlib and file writes release the GIL on big buffers: the server keeps running.
+        for part in [MAGIC, len(head).to_bytes(8, "little"), head] + [
+                memoryview(np.ascontiguousarray(a)).cast("B") for pair in kv for a in pair]:
+            digest.update(part)
+            f.write(part)
+            size += len(part)
+        f.write(digest.digest())
+    return size + 32
 
 
 def read_header(path: Path, key: str) -> dict | None:
@@ -73,13 +81,13 @@ def decode(data: bytes, key: str) -> tuple[list[int], list[LayerKV]] | None:
     """Tokens and KV from a file's bytes, or None if any check fails."""
     if len(data) < len(MAGIC) + 8 + 32 or not data.startswith(MAGIC):
         return None
-    body, digest = data[:-32], data[-32:]
+    body, digest = memoryview(data)[:-32], data[-32:]  # a view: no copy of a multi-GB file
     if hashlib.sha256(body).digest() != digest:
         return None
     size = int.from_bytes(body[len(MAGIC):len(MAGIC) + 8], "little")
     start = len(MAGIC) + 8
     try:
-        header = json.loads(body[start:start + size])
+        header = json.loads(bytes(body[start:start + size]))
         mx_dtype, np_dtype, view = _DTYPES[header["dtype"]]
     except (ValueError, KeyError):
         return None
@@ -98,6 +106,12 @@ def decode(data: bytes, key: str) -> tuple[list[int], list[LayerKV]] | None:
     if offset != len(body):
         return None
     return header["tokens"], kv
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
 
 
 class DiskPrefixStore:
@@ -128,14 +142,19 @@ class DiskPrefixStore:
         return hashlib.sha256(np.asarray(tokens, np.int64).tobytes()).hexdigest()[:32]
 
     def longest(self, tokens: list[int]) -> tuple[int, DiskEntry | None]:
-        """The stored prefix of `tokens` with the most tokens (only whole stored prefixes count)."""
+        """The stored entry sharing the longest leading run with `tokens`, and that run's length.
+
+        Any entry serves any prompt up to their common prefix (a token's KV depends only on
+        the tokens before it), so a conversation's file also serves its system prompt.
+        """
         query = np.asarray(tokens, np.int64)
         best, best_n = None, 0
         with self._lock:
-            for entry in self.entries.values():
-                n = len(entry.tokens)
-                if best_n < n <= len(query) and np.array_equal(entry.tokens, query[:n]):
-                    best, best_n = entry, n
+            entries = list(self.entries.values())
+        for entry in entries:
+            n = _common_prefix(entry.tokens, query)
+            if n > best_n:
+                best, best_n = entry, n
         return best_n, best
 
     def load(self, entry: DiskEntry) -> list[LayerKV] | None:
@@ -153,8 +172,8 @@ class DiskPrefixStore:
 
     def save(self, tokens: list[int], kv: list[LayerKV]) -> None:
         """Queue a write of this prefix (call on the MLX thread; arrays are copied to host here)."""
-        if len(tokens) < self.min_tokens or self.name_of(tokens) in self.entries:
-            return
+        if len(tokens) < self.min_tokens or self.longest(tokens)[0] == len(tokens):
+            return  # too short to be worth a file, or already inside a stored one
         dtype = str(kv[0][0].dtype).removeprefix("mlx.core.")
         _, _, view = _DTYPES[dtype]
         host = [tuple(np.array(a.view(view) if view is not None else a) for a in pair) for pair in kv]
@@ -178,14 +197,18 @@ class DiskPrefixStore:
 
     def _write(self, tokens, host, dtype) -> None:
         name = self.name_of(tokens)
-        data = _encode(self.key, tokens, host, dtype)
-        if len(data) > self.budget_bytes:
+        if sum(a.nbytes for pair in host for a in pair) > self.budget_bytes:
             return
         final, tmp = self.dir / f"{name}.kv", self.dir / f"{name}.{os.getpid()}.tmp"
-        tmp.write_bytes(data)
+        size = _write_file(tmp, self.key, tokens, host, dtype)
         os.replace(tmp, final)
+        arr = np.asarray(tokens, np.int64)
         with self._lock:
-            self.entries[name] = DiskEntry(final, np.asarray(tokens, np.int64), len(data))
+            self.entries[name] = DiskEntry(final, arr, size)
+            covered = [k for k, e in self.entries.items()
+                       if k != name and len(e.tokens) <= len(arr) and _common_prefix(e.tokens, arr) == len(e.tokens)]
+        for key in covered:  # the new file serves every prompt these served
+            self._forget(key, delete=True)
         self._evict()
 
     def _evict(self) -> None:

@@ -24,10 +24,12 @@ from locals.engine.admission import ADMIT, WAIT, Admission, KVBudgetAdmission
 from locals.engine.guards import GuardFactory, make_guards
 from locals.engine.forward import supports_ragged
 from locals.engine.kv import DecodeBatch, RowKV, kv_bytes_per_token
+from locals.engine.lookup import DraftPolicy
 from locals.engine.prefix_cache import MemoryPrefixCache, NoPrefixCache, PrefixCache
 from locals.engine.scheduler import Scheduler
 from locals.engine.sequence import Sequence
 from locals.engine.settings import EngineConfig
+from locals.engine.shared_prefill import SharedPrefill
 from locals.engine.stats import Counters
 from locals.engine.step import Launched, StepRunner
 from locals.protocol import EngineStats, Event, FinishEvent, GenerationRequest, Usage
@@ -82,7 +84,11 @@ class Engine:
         self.admission = admission or KVBudgetAdmission(self.kv_budget, self.bytes_per_token)
         self.guard_factories = list(guards)
         self.scheduler = Scheduler(self.config.step_token_budget, self.config.min_prefill_chunk)
-        self.runner = StepRunner(self.model, on_cache_point=self._insert_prefix)
+        cfg = self.config
+        self.draft_policy = DraftPolicy(max_draft=cfg.max_draft) if cfg.speculate and cfg.max_draft > 0 else None
+        self.runner = StepRunner(self.model, on_cache_point=self._insert_prefix,
+                                 speculate_max_rows=cfg.speculate_max_rows)
+        self.shared_prefill = SharedPrefill(self.prefix_cache, self._insert_prefix)
         # Decoding rows share one padded KV per layer (one attention call for all of them).
         n_layers = len(self.model.layers)
         self.decode_batch = DecodeBatch(n_layers) if supports_ragged(self.model) else None
@@ -181,7 +187,10 @@ class Engine:
             weights_bytes=int(getattr(self.loaded, "weights_bytes", 0) or 0),
             steps=c.steps,
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
-                   "prefix_cache_bytes": int(getattr(self.prefix_cache, "nbytes", 0))},
+                   "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
+                   "prefix_cache_bytes": int(getattr(self.prefix_cache, "nbytes", 0)),
+                   "prefix_disk_hits": int(getattr(self.prefix_cache, "disk_hits", 0)),
+                   "shared_prefill_waits": self.shared_prefill.waits},
         )
 
     # --- engine thread --------------------------------------------------------------------
@@ -198,7 +207,7 @@ class Engine:
                     # returns to its idle size between bursts of agents.
                     release_memory()
                 busy = not idle
-                self._drain(block=launched is None and not self._active)
+                self._drain(block=launched is None and not self._active and not self._waiting)
                 self._admit()
                 if launched is not None and any(s.needs_sync for s in self._active):
                     self._process(launched)
@@ -256,25 +265,29 @@ class Engine:
         sink(FinishEvent(request.id, reason, Usage(len(request.prompt_tokens)), error))
 
     def _admit(self) -> None:
+        held = []  # waiting for another row's prefill of their prefix; keep their places
         while self._waiting and len(self._active) < self.config.max_batch:
-            request, sink, at = entry = self._waiting[0]
+            request, sink, at = entry = self._waiting.popleft()
             if not request.prompt_tokens:
-                self._waiting.popleft()
                 self._finish_waiting(entry, "error", "empty prompt: at least one token is needed")
+                continue
+            if self.shared_prefill.hold(request, self._active):
+                held.append(entry)
                 continue
             verdict = self.admission.check(request)
             if verdict == WAIT:
-                return
-            self._waiting.popleft()
+                self._waiting.appendleft(entry)
+                break
             if verdict != ADMIT:
                 self._finish_waiting(entry, "memory", verdict)
                 continue
             self._active.append(self._new_sequence(request, sink, at))
+        self._waiting.extendleft(reversed(held))
 
     def _new_sequence(self, request: GenerationRequest, sink: Sink, at: float) -> Sequence:
         kv = RowKV(len(self.model.layers), self.decode_batch)
         seq = Sequence(request, sink, kv, self.tokenizer,
-                       make_guards(self.guard_factories, request), at)
+                       make_guards(self.guard_factories, request), at, self.draft_policy)
         n, stored = self.prefix_cache.lookup(seq.prompt)
         n = min(n, len(seq.prompt) - 1)  # the last prompt token must run to give logits
         if n > 0 and stored is not None:
@@ -306,7 +319,9 @@ class Engine:
                 slot.seq.finish("error", f"engine step failed: {exc}")
             return
         now = time.perf_counter()
-        self.counters.decode.add(len(step.samplers), now)
+        self.counters.decode.add(step.emitted, now)
+        self.counters.drafted_tokens_total += step.drafted
+        self.counters.accepted_tokens_total += step.accepted
         self.counters.prefill.add(step.prefill_tokens, now)
         for seq in first:
             self.counters.last_ttft_s = seq.first_token_at - seq.submitted_at

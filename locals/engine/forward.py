@@ -20,12 +20,14 @@ RAGGED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 
 @dataclass
 class RowInput:
-    """A row's new tokens for this pass; `sample` asks for the logits after its last token."""
+    """A row's new tokens for this pass; `sample` asks for the logits after its last
+    `logits` tokens (more than one when the row's tail is a draft to verify)."""
 
     tokens: mx.array  # (n,) int32, may be lazy (last step's sampled token)
     n: int
     kv: RowKV
     sample: bool
+    logits: int = 1
 
 
 def supports_ragged(model) -> bool:
@@ -41,7 +43,7 @@ def supports_ragged(model) -> bool:
 
 
 def forward(model, rows: list[RowInput]) -> mx.array:
-    """Logits (S, vocab) for the rows with `sample` set, in row order."""
+    """Logits (S, vocab) for the rows with `sample` set, in row order (`logits` rows each)."""
     if supports_ragged(model):
         return _ragged(model, rows)
     return _per_row(model, rows)
@@ -119,7 +121,8 @@ def _ragged(model, rows: list[RowInput]) -> mx.array:
     for r in others:
         if r.kv.resident:
             r.kv.length += r.n
-    last = [spans[id(r)][0] + r.n - 1 for r in rows if r.sample]
+    last = [i for r in rows if r.sample
+            for i in range(spans[id(r)][0] + r.n - r.logits, spans[id(r)][0] + r.n)]
     if not last:
         return mx.zeros((0, 0))
     h = inner.norm(h[mx.array(last)] if len(last) < start or last != list(range(start)) else h)
@@ -175,5 +178,5 @@ def _per_row(model, rows: list[RowInput]) -> mx.array:
     for r in rows:
         out = model(r.tokens[None], cache=r.kv.layers)
         if r.sample:
-            logits.append(out[0, -1])
-    return mx.stack(logits) if logits else mx.zeros((0, 0))
+            logits.append(out[0, -r.logits:])
+    return mx.concatenate(logits) if logits else mx.zeros((0, 0))

@@ -31,3 +31,6 @@ class TokenConstraint(Protocol):
 
     def is_complete(self) -> bool:
         """True when the output is complete and generation must stop (finish reason "stop")."""
+
+    # Optional: `fork()` -> an independent copy in the same state. Rows whose constraint
+    # has it may speculate (drafts are walked on the copy); others never draft.

@@ -43,6 +43,16 @@ class RowKV:
         for cache, (keys, values) in zip(self.layers, kv):
             cache.state = (keys[..., :n, :], values[..., :n, :], n)
 
+    def trim(self, n: int) -> None:
+        """Forget the last `n` positions (rejected draft tokens); later writes overwrite them."""
+        if n <= 0:
+            return
+        if self.resident:
+            self.length -= n
+        else:
+            for cache in self.layers:
+                cache.trim(n)
+
     def layer_kv(self, li: int, n: int) -> LayerKV:
         """Layer `li`'s first `n` tokens, (1, kv_heads, n, head_dim) each (lazy slices)."""
         if self.resident:

@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 
 from locals.engine import backend as backend_mod
 from locals.engine import catalog, gguf
+from locals.engine.constrain.formats import LLAMA3_JSON, is_llama3_json_template, parse_llama3_call
 from locals.engine.tokenizer import build_tokenizer
 from locals.errors import ModelNotFound, OfflineError, UnsupportedModel
 
@@ -173,6 +174,8 @@ def load_model(name: str | None = None, backend: backend_mod.Backend | None = No
     loader = _load_gguf if kind == "gguf" else _load_mlx_folder
     model, tokenizer, ctx = loader(Path(target), backend)
     parser = _infer_tool_parser(tokenizer._tokenizer)
+    if parser is None and is_llama3_json_template(getattr(tokenizer._tokenizer, "chat_template", None)):
+        parser = "llama3_json"  # mlx-lm has no parser of its own for it (see constrain/formats.py)
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     return LoadedModel(
         model=model,
@@ -208,5 +211,7 @@ def tool_parser(loaded: LoadedModel) -> tuple[str, str, object] | None:
         return tok.tool_call_start, tok.tool_call_end or "", tok.tool_parser
     if not loaded.tool_format:
         return None
+    if loaded.tool_format == "llama3_json":
+        return LLAMA3_JSON.marker.decode(), "", parse_llama3_call
     module = importlib.import_module(f"mlx_lm.tool_parsers.{loaded.tool_format}")
     return module.tool_call_start, module.tool_call_end, module.parse_tool_call

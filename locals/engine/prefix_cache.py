@@ -1,7 +1,8 @@
 """Prefix cache: KV of token prefixes kept so a prompt that starts the same skips that prefill.
 
 `lookup(tokens)` returns how many leading tokens have stored KV and that KV (per-layer
-arrays at least that long); `insert(tokens, kv)` stores the KV of exactly `tokens`.
+arrays at least that long); `insert(tokens, kv)` stores the KV of exactly `tokens`;
+`longest(tokens)` only measures what `lookup` would find (no LRU touch, no counters).
 `MemoryPrefixCache` keeps entries in memory under a byte budget, least recently used out.
 """
 
@@ -20,6 +21,8 @@ class PrefixCache(Protocol):
 
     def insert(self, tokens: list[int], kv: list[LayerKV]) -> None: ...
 
+    def longest(self, tokens: list[int]) -> int: ...
+
 
 class NoPrefixCache:
     """Keeps nothing (prefix reuse off)."""
@@ -29,6 +32,9 @@ class NoPrefixCache:
 
     def insert(self, tokens: list[int], kv: list[LayerKV]) -> None:
         return None
+
+    def longest(self, tokens: list[int]) -> int:
+        return 0
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -54,14 +60,21 @@ class MemoryPrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]:
-        self.lookups += 1
+    def longest(self, tokens: list[int]) -> int:
+        return self._best(tokens)[0]
+
+    def _best(self, tokens: list[int]) -> tuple[int, tuple[int, ...] | None]:
         query = np.asarray(tokens, dtype=np.int64)
         best_n, best_key = 0, None
         for key, (arr, _, _) in self._entries.items():
             n = _common_prefix(arr, query)
             if n > best_n:
                 best_n, best_key = n, key
+        return best_n, best_key
+
+    def lookup(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]:
+        self.lookups += 1
+        best_n, best_key = self._best(tokens)
         if best_key is None:
             return 0, None
         self._entries.move_to_end(best_key)

@@ -26,6 +26,10 @@ class RowSampling:
     key: mx.array  # (2,) uint32 PRNG key
     mask: mx.array | None = None  # (W,) uint32 bitmask of allowed tokens, None = all
     top_logprobs: int = -1  # -1: no logprobs; 0: the chosen token's; k: also the top k
+    # A drafted token to verify at this position (-1: none). Greedy rows ignore it (the
+    # caller compares); sampled rows keep it with probability p(draft), else draw from p
+    # without it, so the output distribution is exactly p (speculative rejection rule).
+    draft: int = -1
 
 
 @dataclass
@@ -88,7 +92,22 @@ def _draw(logits: mx.array, rows: list[RowSampling], keys: mx.array) -> mx.array
         scaled = mx.where(probs < floor, -mx.inf, scaled)
     # Gumbel-max: argmax(logits + Gumbel noise) is a draw from softmax(logits).
     noise = mx.vmap(lambda k: mx.random.gumbel(shape=(scaled.shape[-1],), key=k))(keys)
-    return mx.argmax(scaled + noise, axis=-1)
+    if all(r.draft < 0 for r in rows):
+        return mx.argmax(scaled + noise, axis=-1)
+    return _verify_drafts(scaled, noise, rows, keys)
+
+
+def _verify_drafts(scaled: mx.array, noise: mx.array, rows: list[RowSampling], keys: mx.array) -> mx.array:
+    """Per row: keep its draft d with probability p(d), else draw from p with d removed."""
+    drafts = mx.array([max(r.draft, 0) for r in rows])[:, None]
+    has_draft = mx.array([r.draft >= 0 for r in rows])
+    p_draft = mx.take_along_axis(mx.softmax(scaled, axis=-1), drafts, axis=-1)[:, 0]
+    # A uniform draw per row from a key independent of the Gumbel noise's.
+    u = mx.vmap(lambda k: mx.random.uniform(key=mx.random.split(k)[1]))(keys)
+    is_draft = mx.arange(scaled.shape[-1])[None] == drafts
+    residual = mx.argmax(mx.where(is_draft & has_draft[:, None], -mx.inf, scaled) + noise, axis=-1)
+    kept = has_draft & (u < p_draft)
+    return mx.where(kept, drafts[:, 0], residual)
 
 
 def _top_k(scaled: mx.array, ks: list[int]) -> mx.array:

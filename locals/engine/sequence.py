@@ -16,6 +16,7 @@ import mlx.core as mx
 
 from locals.engine.guards import Guard
 from locals.engine.kv import RowKV
+from locals.engine.lookup import DraftPolicy, Speculation
 from locals.engine.stops import StopText
 from locals.protocol import Event, FinishEvent, GenerationRequest, TokenEvent, TokenLogprob, Usage
 
@@ -24,7 +25,7 @@ class Sequence:
     """A request admitted into the batch."""
 
     def __init__(self, request: GenerationRequest, sink: Callable[[Event], None], kv: RowKV,
-                 tokenizer, guards: list[Guard], submitted_at: float):
+                 tokenizer, guards: list[Guard], submitted_at: float, draft_policy: DraftPolicy | None = None):
         self.request = request
         self.sink = sink
         self.kv = kv
@@ -47,6 +48,11 @@ class Sequence:
         self.first_token_at: float | None = None
         self.finished = False
         self.finish_reason: str | None = None
+        # Prompt-lookup drafts (None: this row never drafts); armed = wants its tokens read
+        # before the next step so it can propose one.
+        self.spec = Speculation(self.prompt, draft_policy) if draft_policy else None
+        # Armed from the start: the first decode step waits for the first token and drafts.
+        self.spec_armed = self.spec is not None
 
     @property
     def id(self) -> str:
@@ -62,8 +68,9 @@ class Sequence:
 
     @property
     def needs_sync(self) -> bool:
-        """A constrained row needs its last token accepted before its next mask exists."""
-        return self.constraint is not None and self.inflight > 0
+        """A constrained row needs its last token accepted before its next mask exists, and a
+        drafting row its last token known before it can look up a draft."""
+        return (self.constraint is not None or self.spec_armed) and self.inflight > 0
 
     @property
     def can_sample_more(self) -> bool:
@@ -80,6 +87,18 @@ class Sequence:
             parts.append(mx.array(self.pending[:n], dtype=mx.int32))
             del self.pending[:n]
         return mx.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def after_step(self, drafted: int, accepted: int) -> None:
+        """Update the draft state once a step's tokens are handed over."""
+        spec = self.spec
+        if spec is None:
+            return
+        spec.observe(self.generated[len(spec.index.tokens) - len(self.prompt):])
+        if drafted:
+            spec.verified(drafted, accepted)
+        else:
+            spec.skipped_step()
+        self.spec_armed = spec.wants_draft
 
     def usage(self) -> Usage:
         return Usage(len(self.prompt), len(self.generated), self.cached_tokens)

@@ -28,6 +28,13 @@ class EngineConfig:
     prefix_cache_bytes: int = 256 * 1024 * 1024
     # Queue step n+1 before reading step n's tokens.
     pipeline: bool = True
+    # Prompt-lookup speculative decoding: rows whose recent tokens occur earlier in their
+    # prompt or output propose up to `max_draft` tokens, verified in the same forward pass.
+    speculate: bool = True
+    max_draft: int = 16
+    # Draft only while at most this many rows decode: past it the batch is compute-bound
+    # and extra verified positions cost more than they save.
+    speculate_max_rows: int = 8
 
     def resolved_kv_budget(self) -> int:
         """The KV budget in bytes, deriving the default from free memory now."""

@@ -42,6 +42,8 @@ class Counters:
     generated_tokens_total: int = 0
     cached_tokens_total: int = 0
     steps: int = 0
+    drafted_tokens_total: int = 0  # prompt-lookup draft tokens verified
+    accepted_tokens_total: int = 0  # of those, kept
     last_ttft_s: float = 0.0
     finish_reasons: dict[str, int] = field(default_factory=dict)
     decode: RateMeter = field(default_factory=RateMeter)

@@ -20,66 +20,143 @@ from locals.protocol import TokenLogprob
 
 
 @dataclass
+class Verify:
+    """A sampled row of a step: where its tokens start in the step's draws, and its draft."""
+
+    seq: Sequence
+    start: int
+    draft: list[int]
+
+
+@dataclass
 class Launched:
     """A step queued on the device whose tokens are not read yet."""
 
     slots: list[Slot]
-    samplers: list[Sequence]
+    samplers: list[Verify]
     sampled: Sampled | None
     prefill_tokens: int = 0  # prompt tokens this step reads
+    emitted: int = 0  # tokens handed to sequences, set by `process`
+    drafted: int = 0  # draft tokens verified, and how many were kept (set by `process`)
+    accepted: int = 0
     started: float = field(default_factory=time.perf_counter)
 
 
-def _row_sampling(seq: Sequence, mask) -> RowSampling:
+def _row_sampling(seq: Sequence, mask, key, draft: int = -1) -> RowSampling:
     p = seq.request.sampling
     top = p.top_logprobs if p.logprobs else -1
-    return RowSampling(p.temperature, p.top_p, p.top_k, p.min_p, seq.key, mask, top)
+    return RowSampling(p.temperature, p.top_p, p.top_k, p.min_p, key, mask, top, draft)
 
 
 def _fail(seq: Sequence, exc: BaseException) -> None:
     seq.finish("error", f"{type(exc).__name__}: {exc}")
 
 
+def _constrained_draft(seq: Sequence, draft: list[int]) -> tuple[list[int], list]:
+    """The part of `draft` the row's automaton allows, and its mask after each kept token.
+
+    Stops after a token from which the automaton forces tokens or completes: the engine
+    appends those itself, so nothing drafted past them could be kept.
+    """
+    if seq.constraint is None:
+        return draft, [None] * len(draft)
+    if not draft or not hasattr(seq.constraint, "fork"):
+        return [], []
+    fork = seq.constraint.fork()
+    kept, masks = [], []
+    for token in draft:
+        try:
+            fork.accept(token)
+        except ValueError:
+            break
+        kept.append(token)
+        masks.append(fork.mask())
+        if fork.is_complete() or fork.forced_tokens():
+            break
+    return kept, masks
+
+
 class StepRunner:
     """Launches and processes steps for one model."""
 
-    def __init__(self, model, on_cache_point=None):
+    def __init__(self, model, on_cache_point=None, speculate_max_rows: int = 0):
         self.model = model
         # Called as on_cache_point(seq, n_tokens) once the KV of a prompt prefix is built.
         self.on_cache_point = on_cache_point
+        self.speculate_max_rows = speculate_max_rows
+
+    def _draft(self, seq: Sequence, decoding: int) -> list[int]:
+        """Prompt-lookup draft for a row whose tokens are all known, [] when it should not draft."""
+        if seq.spec is None or seq.inflight or seq.prefilling or decoding > self.speculate_max_rows:
+            return []
+        room = seq.request.sampling.max_tokens - len(seq.generated) - 1
+        return seq.spec.draft(room)
+
+    def _plan(self, slots: list[Slot]) -> tuple[dict, dict]:
+        """Each sampled row's masks (one per verified position) and draft."""
+        masks, drafts = {}, {}
+        decoding = sum(1 for s in slots if s.sample and not s.seq.prefilling)
+        for slot in slots:
+            seq = slot.seq
+            if not slot.sample:
+                continue
+            try:
+                first = seq.constraint.mask() if seq.constraint is not None else None
+                draft, later = _constrained_draft(seq, self._draft(seq, decoding))
+            except Exception as exc:  # a broken constraint fails its own request only
+                _fail(seq, exc)
+                continue
+            masks[seq.id], drafts[seq.id] = [first, *later], draft
+        return masks, drafts
 
     def launch(self, slots: list[Slot]) -> Launched | None:
         """Queue the forward pass and sampling for `slots`; None when no row is left."""
-        masks = {}
-        for slot in slots:
-            if slot.sample and slot.seq.constraint is not None:
-                try:
-                    masks[slot.seq.id] = slot.seq.constraint.mask()
-                except Exception as exc:  # a broken constraint fails its own request only
-                    _fail(slot.seq, exc)
+        masks, drafts = self._plan(slots)
         slots = [s for s in slots if not s.seq.finished]
         if not slots:
             return None
         prefill_tokens = sum(s.n for s in slots if s.seq.prefilling)
         rows, before = [], {}
         for slot in slots:
-            before[slot.seq.id] = slot.seq.kv.offset
-            rows.append(RowInput(slot.seq.take_input(slot.n), slot.n, slot.seq.kv, slot.sample))
+            seq, draft = slot.seq, drafts.get(slot.seq.id, [])
+            before[seq.id] = seq.kv.offset
+            tokens = seq.take_input(slot.n)
+            if draft:
+                tokens = mx.concatenate([tokens, mx.array(draft, dtype=mx.int32)])
+            rows.append(RowInput(tokens, slot.n + len(draft), seq.kv, slot.sample, len(draft) + 1))
         logits = forward(self.model, rows)
-        samplers = [s.seq for s in slots if s.sample]
+        verify, sampling = self._sample_rows([s.seq for s in slots if s.sample], masks, drafts)
         sampled = None
-        if samplers:
-            sampled = sample(logits, [_row_sampling(q, masks.get(q.id)) for q in samplers])
-            for j, seq in enumerate(samplers):
-                seq.lazy = sampled.tokens[j : j + 1]
-                seq.key = sampled.keys[j]
+        if verify:
+            sampled = sample(logits, sampling)
+            for v in verify:
+                seq = v.seq
+                if not v.draft:  # fed next step straight from the device
+                    seq.lazy = sampled.tokens[v.start : v.start + 1]
+                    seq.key = sampled.keys[v.start]
                 seq.sampled_steps += 1
                 seq.inflight += 1
             mx.async_eval(sampled.arrays())
         else:
             mx.async_eval([a for r in rows for a in r.kv.arrays()])
         self._cache_points(slots, before)
-        return Launched(slots, samplers, sampled, prefill_tokens)
+        return Launched(slots, verify, sampled, prefill_tokens)
+
+    def _sample_rows(self, seqs: list[Sequence], masks: dict, drafts: dict) -> tuple[list[Verify], list[RowSampling]]:
+        """Each row's span of the draws, and one RowSampling per verified position."""
+        verify, rows = [], []
+        for seq in seqs:
+            draft = drafts.get(seq.id, [])
+            if draft:  # one key per position; the row's own key moves on once
+                keys = mx.random.split(seq.key, len(draft) + 2)
+                seq.key, position_keys = keys[0], [keys[i + 1] for i in range(len(draft) + 1)]
+            else:
+                position_keys = [seq.key]
+            verify.append(Verify(seq, len(rows), draft))
+            for i, key in enumerate(position_keys):
+                token = draft[i] if i < len(draft) else -1
+                rows.append(_row_sampling(seq, masks[seq.id][i], key, token))
+        return verify, rows
 
     def _cache_points(self, slots: list[Slot], before: dict[str, int]) -> None:
         if self.on_cache_point is None:
@@ -100,21 +177,50 @@ class StepRunner:
         logprobs = s.logprobs.tolist() if s.logprobs is not None else None
         top_ids = s.top_ids.tolist() if s.top_ids is not None else None
         top_lps = s.top_logprobs.tolist() if s.top_logprobs is not None else None
+
+        def logprob(seq: Sequence, i: int) -> TokenLogprob | None:
+            if logprobs is None or not seq.request.sampling.logprobs:
+                return None
+            k = seq.request.sampling.top_logprobs
+            top = list(zip(top_ids[i][:k], top_lps[i][:k])) if top_ids is not None and k else []
+            return TokenLogprob(tokens[i], logprobs[i], top)
+
         first = []
-        for j, seq in enumerate(step.samplers):
+        for v in step.samplers:
+            seq = v.seq
             seq.inflight -= 1
             if seq.finished:
                 continue
-            lp = None
-            if logprobs is not None and seq.request.sampling.logprobs:
-                k = seq.request.sampling.top_logprobs
-                top = list(zip(top_ids[j][:k], top_lps[j][:k])) if top_ids is not None and k else []
-                lp = TokenLogprob(tokens[j], logprobs[j], top)
             was_first = seq.first_token_at is None
             try:
-                seq.on_sampled(tokens[j], lp)
+                emitted = _emit(v, tokens, logprob)
+                step.emitted += emitted
+                if v.draft:
+                    step.drafted += len(v.draft)
+                    step.accepted += emitted - 1
             except Exception as exc:  # constraint / guard / stop logic of one request
                 _fail(seq, exc)
             if was_first:
                 first.append(seq)
         return first
+
+
+def _emit(v: Verify, tokens: list[int], logprob) -> int:
+    """Hand a row its sampled token, or the longest verified part of its draft plus the
+    model's own next token; drops the rejected draft's KV. Returns the tokens emitted."""
+    seq, draft = v.seq, v.draft
+    emitted = 0
+    for i in range(len(draft) + 1):
+        token = tokens[v.start + i]
+        seq.on_sampled(token, logprob(seq, v.start + i))
+        emitted += 1
+        # Past a mismatch the draft's later positions saw a token the model did not choose.
+        if seq.finished or seq.pending or i == len(draft) or token != draft[i]:
+            break
+    if draft:
+        accepted = emitted - 1  # draft tokens whose KV is kept: each equals the token emitted before it
+        seq.kv.trim(len(draft) - accepted)
+        if not seq.finished:
+            seq.pending.insert(0, tokens[v.start + emitted - 1])
+    seq.after_step(len(draft), emitted - 1 if draft else 0)
+    return emitted

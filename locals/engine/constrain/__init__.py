@@ -98,7 +98,7 @@ def build_constraint(loaded, *, tools: list[dict] | None = None, tool_choice="au
             raise RequestError(f"tool_choice {tool_choice!r} needs constrained tool calls, which the "
                                f"{loaded.tool_format!r} tool-call format of this model does not support")
         toolset = _tool_set(loaded, vocab, fmt, schemas)
-        max_calls = 1 if named is not None or not parallel_tool_calls else None
+        max_calls = 1 if named is not None or not parallel_tool_calls or not fmt.parallel else None
         constraint = ToolCallConstraint(toolset, required=mode == "required", max_calls=max_calls,
                                         max_tokens=max_tokens)
         return _fits_budget(constraint, max_tokens, "a tool call") if mode == "required" else constraint

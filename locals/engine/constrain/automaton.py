@@ -11,6 +11,7 @@ output cut off by its length limit still parses; `closed_by_budget` then says so
 
 from __future__ import annotations
 
+import copy
 from enum import Enum
 
 from locals.engine.constrain.index import CompiledIndex
@@ -40,6 +41,11 @@ class _Budget:
 
     def queue_mask(self):
         return DeviceRow(token_row(self.vocab, self.queue[:1])).get()
+
+    def fork(self) -> _Budget:
+        out = copy.copy(self)
+        out.queue = list(self.queue) if self.queue is not None else None
+        return out
 
 
 class JsonConstraint:
@@ -90,6 +96,12 @@ class JsonConstraint:
 
     def is_complete(self) -> bool:
         return self._done or self._index.is_closed(self._state)
+
+    def fork(self) -> JsonConstraint:
+        """An independent copy to walk ahead with (checking a speculative draft)."""
+        out = copy.copy(self)
+        out._budget = self._budget.fork()
+        return out
 
 
 class Phase(Enum):
@@ -166,6 +178,13 @@ class ToolCallConstraint:
 
     def is_complete(self) -> bool:
         return self._phase is Phase.DONE
+
+    def fork(self) -> ToolCallConstraint:
+        """An independent copy to walk ahead with (checking a speculative draft)."""
+        out = copy.copy(self)
+        out._budget = self._budget.fork()
+        out._head_bytes = bytearray(self._head_bytes)
+        return out
 
     # -- budget --
 

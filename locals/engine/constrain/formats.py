@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from locals.engine.constrain.schema import schema_regex
+from locals.engine.constrain.xml_args import parameters_regex
 from locals.errors import RequestError
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -27,6 +29,14 @@ class ToolFormat:
     name_end: bytes
     head_pattern: str  # {names}: alternation of escaped names
     call_pattern: str  # {name}, {args}
+    arguments: str = "json"  # "json": one JSON object; "xml": Qwen3-Coder parameter blocks
+    avoid: tuple[str, ...] = ()  # markers no argument string may hold (they would end the call)
+    parallel: bool = True  # several calls in one reply
+
+    def arguments_regex(self, schema, label: str) -> str:
+        if self.arguments == "xml":
+            return parameters_regex(schema, label=label)
+        return schema_regex(schema, label=label, avoid=self.avoid)
 
     def head_regex(self, names: list[str]) -> str:
         return self.head_pattern.format(names="|".join(re.escape(n) for n in names))
@@ -46,6 +56,31 @@ HERMES = ToolFormat(
     call_pattern=r'\n?<tool_call>\n\{{"name": "{name}", "arguments": {args}\}}\n</tool_call>',
 )
 
+# Qwen3-Coder / Qwen3.5: XML blocks, one `<parameter=…>` per argument (mlx-lm qwen3_coder),
+# exactly as its chat template writes them; calls after the first start on a new line.
+QWEN3_CODER = ToolFormat(
+    parser="qwen3_coder",
+    marker=b"<tool_call>",
+    name_intro=b"<function=",
+    name_end=b">",
+    head_pattern=r"\n?<tool_call>\n<function=({names})>\n",
+    call_pattern=r"\n?<tool_call>\n<function={name}>\n{args}</function>\n</tool_call>",
+    arguments="xml",
+)
+
+# Llama 3.1/3.2/3.3: `{"name": …, "parameters": {…}}` as the whole reply, optionally after
+# <|python_tag|>; its chat template holds one call per reply. Read by mlx-lm's json_tools
+# parser (json.loads), which the server applies after the `{"name": "` start marker.
+LLAMA3_JSON = ToolFormat(
+    parser="llama3_json",
+    marker=b'{"name": "',
+    name_intro=b'{"name": "',
+    name_end=b'"',
+    head_pattern=r'(<\|python_tag\|>)?\{{"name": "({names})", "parameters": ',
+    call_pattern=r'(<\|python_tag\|>)?\{{"name": "{name}", "parameters": {args}\}}',
+    parallel=False,
+)
+
 # Mistral: `[TOOL_CALLS]name[ARGS]{json}`, which mlx-lm's mistral parser reads call by call.
 MISTRAL = ToolFormat(
     parser="mistral",
@@ -56,7 +91,22 @@ MISTRAL = ToolFormat(
     call_pattern=r"\[TOOL_CALLS\]{name}\[ARGS\]{args}",
 )
 
-FORMATS = {f.parser: f for f in (HERMES, MISTRAL)}
+
+
+def parse_llama3_call(body: str, tools=None):
+    """mlx-lm's json_tools parser on a Llama 3 call whose `{"name": "` start marker the server's
+    splitter has taken off (the call runs to the end of the reply: there is no end marker)."""
+    from mlx_lm.tool_parsers import json_tools
+
+    return json_tools.parse_tool_call(LLAMA3_JSON.marker.decode() + body, tools)
+
+
+def is_llama3_json_template(template) -> bool:
+    """A Llama 3.1+ chat template: custom tools answered as bare `{"name": …, "parameters": …}`."""
+    return isinstance(template, str) and "<|python_tag|>" in template and '"parameters": ' in template
+
+
+FORMATS = {f.parser: f for f in (HERMES, MISTRAL, QWEN3_CODER, LLAMA3_JSON)}
 
 
 def tool_format(parser: str | None) -> ToolFormat | None:

@@ -14,8 +14,9 @@ import json
 import math
 
 import jsonschema
-from outlines_core.json_schema import NUMBER, STRING, build_regex_from_schema
+from outlines_core.json_schema import NUMBER, STRING, STRING_INNER, build_regex_from_schema
 
+from locals.engine.constrain.freetext import json_string_body
 from locals.errors import RequestError
 
 UNSUPPORTED = ("not", "if", "then", "else", "contains", "dependentSchemas", "propertyNames",
@@ -26,6 +27,7 @@ _ESCAPES_OLD = r'\\["\\/bfnrt]'
 _ESCAPES_NEW = r'\\(["\\/bfnrt]|u[0-9a-fA-F]{4})'
 _PLACEHOLDER = "__locals_rx_{}__"
 _STRING = STRING.replace(_ESCAPES_OLD, _ESCAPES_NEW)
+_STRING_INNER = STRING_INNER.replace(_ESCAPES_OLD, _ESCAPES_NEW)
 _SCALAR = f"({_STRING}|{NUMBER}|true|false|null)"
 
 
@@ -119,8 +121,8 @@ class _Rewriter:
     def integer_range(self, node: dict, path: str) -> dict:
         if node.get("type") != "integer":
             return node
-        low, high = _bound(node, "minimum", "exclusiveMinimum", math.ceil, 1), \
-            _bound(node, "maximum", "exclusiveMaximum", math.floor, -1)
+        low, high = integer_bound(node, "minimum", "exclusiveMinimum", math.ceil, 1), \
+            integer_bound(node, "maximum", "exclusiveMaximum", math.floor, -1)
         if low is None and high is None:
             return node
         if low is not None and high is not None and low > high:
@@ -129,7 +131,7 @@ class _Rewriter:
         return {"const": _PLACEHOLDER.format(len(self.regexes) - 1)}
 
 
-def _bound(node: dict, inclusive: str, exclusive: str, rounding, step: int) -> int | None:
+def integer_bound(node: dict, inclusive: str, exclusive: str, rounding, step: int) -> int | None:
     values = []
     if isinstance(node.get(inclusive), (int, float)) and not isinstance(node.get(inclusive), bool):
         values.append(rounding(node[inclusive]))
@@ -187,12 +189,23 @@ def integer_range_regex(low: int | None, high: int | None) -> str:
 
 def _pin_whitespace(regex: str) -> str:
     """json.dumps spacing: one space after ':' and ',' and none elsewhere."""
+    # Optional properties put their comma at a group edge: `W,(W"b"…W,)?W"c"`.
+    regex = regex.replace(f"{_WS},(", ", (").replace(f"{_WS},)?", ", )?")
     regex = regex.replace(f"{_WS}:{_WS}", ": ").replace(f"{_WS},{_WS}", ", ").replace(f",{_WS}", ", ")
     return regex.replace(_WS, "")
 
 
-def schema_regex(schema, *, label: str) -> str:
-    """The regex of the JSON texts `schema` accepts, or RequestError naming `label` and the part."""
+def _avoid_markers(regex: str, markers) -> str:
+    """Strings that never hold `markers` unescaped: free strings avoid them exactly; strings
+    with length bounds (counted in characters) write every `<` escaped instead."""
+    regex = regex.replace(f"{_STRING_INNER}*", f"({json_string_body(markers)})")
+    return regex.replace(_STRING_INNER, _STRING_INNER.replace('[^"', '[^<"', 1))
+
+
+def schema_regex(schema, *, label: str, avoid=()) -> str:
+    """The regex of the JSON texts `schema` accepts, or RequestError naming `label` and the part.
+
+    `avoid`: markers (`</tool_call>`) no string may contain, since they would end the call early."""
     if schema is True:
         schema = {}
     if not isinstance(schema, dict):
@@ -212,4 +225,4 @@ def schema_regex(schema, *, label: str) -> str:
     regex = _pin_whitespace(regex).replace(_ESCAPES_OLD, _ESCAPES_NEW)
     for i, sub in enumerate(rewriter.regexes):
         regex = regex.replace(json.dumps(_PLACEHOLDER.format(i)), sub)
-    return regex
+    return _avoid_markers(regex, avoid) if avoid else regex

@@ -17,7 +17,6 @@ import numpy as np
 from locals.engine.constrain import compile as compiler
 from locals.engine.constrain.formats import ToolFormat, check_name
 from locals.engine.constrain.index import CompiledIndex
-from locals.engine.constrain.schema import schema_regex
 from locals.engine.constrain.vocab import TokenVocab
 from locals.errors import RequestError
 
@@ -107,7 +106,7 @@ class ToolSet:
         self.fmt = fmt
         self.names = list(schemas)
         # Args regexes first: a schema that cannot be enforced is refused before anything runs.
-        self._regexes = {name: fmt.call_regex(name, schema_regex(s, label=f"tool {name!r} parameters"))
+        self._regexes = {name: fmt.call_regex(name, fmt.arguments_regex(s, f"tool {name!r} parameters"))
                          for name, s in schemas.items()}
         self.head = compiler.compile_regex(fmt.head_regex(self.names), vocab, label="the tool-call frame")
         self._futures: dict[str, Future] = {}

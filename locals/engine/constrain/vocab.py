@@ -16,8 +16,9 @@ from functools import lru_cache
 import numpy as np
 import outlines_core
 
-# Control tokens that are nevertheless text of a tool-call format (Qwen's <tool_call>, Mistral's [TOOL_CALLS]).
-FORMAT_MARKERS = frozenset({"<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]"})
+# Control tokens that are nevertheless text of a tool-call format (Qwen's <tool_call>,
+# Mistral's [TOOL_CALLS], Llama 3's <|python_tag|>).
+FORMAT_MARKERS = frozenset({"<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>"})
 
 
 @lru_cache(maxsize=1)
