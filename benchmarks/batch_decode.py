@@ -82,6 +82,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--with-lookup", action="store_true",
+                    help="also run locals with prompt-lookup drafts on ('locals' runs without: this "
+                         "benchmark measures batching; random weights repeat themselves, which drafts exploit)")
     ap.add_argument("--dense-baseline", action="store_true",
                     help="also run mlx-lm on locals' (dense) weights, to separate weights from scheduling")
     args = ap.parse_args()
@@ -91,8 +94,12 @@ def main() -> None:
 
     ours, theirs, label = load_pair(args.random_model)
     ours = no_eos(ours)
-    engine = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256))
+    engine = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
     engine.start()
+    lookup = None
+    if args.with_lookup:
+        lookup = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256))
+        lookup.start()
     rows = []
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
@@ -101,6 +108,8 @@ def main() -> None:
                 "locals": lambda: run_locals(engine, ps, args.tokens),
                 "mlx-lm": lambda: run_mlx_lm(theirs, ps, args.tokens),
             }
+            if lookup is not None:
+                runners["locals-lookup"] = lambda: run_locals(lookup, ps, args.tokens)
             if args.dense_baseline and theirs is not ours.model:
                 runners["mlx-lm-dense"] = lambda: run_mlx_lm(ours.model, ps, args.tokens)
             res = interleaved(args.rounds, runners)
@@ -114,6 +123,8 @@ def main() -> None:
             print(f"B={batch:3d}  {line}", flush=True)
     finally:
         engine.stop()
+        if lookup is not None:
+            lookup.stop()
     path = write_results("batch_decode", {"model": label, "tokens": args.tokens, "prompt_len": args.prompt_len,
                                           "rounds": args.rounds, "rows": rows, "argv": sys.argv[1:]})
     print(f"results: {path}")

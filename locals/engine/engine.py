@@ -209,7 +209,7 @@ class Engine:
                 busy = not idle
                 self._drain(block=launched is None and not self._active and not self._waiting)
                 self._admit()
-                if launched is not None and any(s.needs_sync for s in self._active):
+                if launched is not None and self._must_sync():
                     self._process(launched)
                     launched = None
                 slots = self.scheduler.next_step(self._active)
@@ -226,6 +226,16 @@ class Engine:
                 self._process(launched)
             # Leave no queued device work behind this thread (MLX aborts at exit otherwise).
             mx.synchronize()
+
+    def _must_sync(self) -> bool:
+        """Whether the next step must wait for the one in flight: a constrained row needs its
+        token, or a row wants to draft while the batch is small enough to verify drafts."""
+        active = self._active
+        if any(s.needs_sync for s in active):
+            return True
+        if self.draft_policy is None or not any(s.wants_sync_for_draft for s in active):
+            return False
+        return sum(1 for s in active if not s.prefilling) <= self.config.speculate_max_rows
 
     def _drain(self, block: bool) -> None:
         try:

@@ -68,9 +68,13 @@ class Sequence:
 
     @property
     def needs_sync(self) -> bool:
-        """A constrained row needs its last token accepted before its next mask exists, and a
-        drafting row its last token known before it can look up a draft."""
-        return (self.constraint is not None or self.spec_armed) and self.inflight > 0
+        """A constrained row needs its last token accepted before its next mask exists."""
+        return self.constraint is not None and self.inflight > 0
+
+    @property
+    def wants_sync_for_draft(self) -> bool:
+        """A drafting row needs its last token known before it can look up a draft."""
+        return self.spec_armed and self.inflight > 0
 
     @property
     def can_sample_more(self) -> bool:
