@@ -9,70 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import interleaved, load_pair, no_eos, prompts, summary, write_results  # noqa: E402
-
-
-def _timing(submitted: float, firsts: list[float], ends: list[float], n_tokens: int, batch: int) -> dict:
-    # Decode rate: tokens after the first, over the time from the last first token to the end,
-    # so prompt reading does not count as decode time.
-    start = max(firsts)
-    end = max(ends)
-    decode = batch * (n_tokens - 1) / max(end - start, 1e-9)
-    ttft = sorted(f - submitted for f in firsts)
-    return {"decode_tps": decode, "ttft_s": ttft[len(ttft) // 2], "wall_s": end - submitted}
-
-
-def run_locals(engine, batch_prompts: list[list[int]], max_tokens: int) -> dict:
-    from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
-
-    done = threading.Event()
-    firsts, ends, counts = {}, {}, {}
-    lock = threading.Lock()
-
-    def sink_for(i):
-        def sink(ev):
-            now = time.perf_counter()
-            if isinstance(ev, TokenEvent) and ev.tokens:
-                firsts.setdefault(i, now)
-                counts[i] = counts.get(i, 0) + len(ev.tokens)
-            elif isinstance(ev, FinishEvent):
-                ends[i] = now
-                with lock:
-                    if len(ends) == len(batch_prompts):
-                        done.set()
-        return sink
-
-    t0 = time.perf_counter()
-    for i, p in enumerate(batch_prompts):
-        engine.submit(GenerationRequest(p, SamplingParams(max_tokens=max_tokens)), sink_for(i))
-    done.wait()
-    assert all(c == max_tokens for c in counts.values()), counts
-    return _timing(t0, list(firsts.values()), list(ends.values()), max_tokens, len(batch_prompts))
-
-
-def run_mlx_lm(model, batch_prompts: list[list[int]], max_tokens: int) -> dict:
-    from mlx_lm.generate import BatchGenerator
-
-    gen = BatchGenerator(model, max_tokens=max_tokens, completion_batch_size=max(32, len(batch_prompts)))
-    t0 = time.perf_counter()
-    gen.insert(batch_prompts, [max_tokens] * len(batch_prompts))
-    firsts, ends, counts = {}, {}, {}
-    while len(ends) < len(batch_prompts):
-        for r in gen.next_generated():
-            now = time.perf_counter()
-            firsts.setdefault(r.uid, now)
-            counts[r.uid] = counts.get(r.uid, 0) + 1
-            if r.finish_reason is not None:
-                ends[r.uid] = now
-    gen.close()
-    assert all(c == max_tokens for c in counts.values()), counts
-    return _timing(t0, list(firsts.values()), list(ends.values()), max_tokens, len(batch_prompts))
+from locals.engine.bench import run_locals, run_mlx_lm  # noqa: E402
 
 
 def main() -> None:

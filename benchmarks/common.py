@@ -7,36 +7,17 @@ same weights and prompts, alternating the two each round so drift hits both alik
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import platform
-import random
-import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
+from locals.engine.bench import bench_prompts as prompts  # noqa: F401  (re-exported for the scripts)
+from locals.engine.bench import interleaved, summary  # noqa: F401
+from locals.engine.bench import without_eos as no_eos  # noqa: F401
+
 RESULTS = Path(__file__).parent / "results"
-
-
-def summary(values: list[float]) -> dict:
-    """Median and range of a list of measurements."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
-def interleaved(rounds: int, runners: dict[str, Callable[[], dict]], warmup: bool = True) -> dict[str, list[dict]]:
-    """Run each runner once per round, alternating (and rotating) their order; one untimed warm-up each."""
-    if warmup:
-        for fn in runners.values():
-            fn()
-    out: dict[str, list[dict]] = {name: [] for name in runners}
-    names = list(runners)
-    for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for name in order:
-            out[name].append(runners[name]())
-    return out
 
 
 def write_results(name: str, data: dict) -> Path:
@@ -50,13 +31,6 @@ def write_results(name: str, data: dict) -> Path:
     path = RESULTS / f"{name}-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(data, indent=1))
     return path
-
-
-def no_eos(loaded):
-    """A copy of `loaded` whose tokenizer never stops on EOS, so every run decodes max_tokens."""
-    tok = copy.copy(loaded.tokenizer)
-    tok._eos_token_ids = set()
-    return dataclasses.replace(loaded, tokenizer=tok)
 
 
 # Random-weight Qwen3 shapes: the real 4B one (GPU) and a tiny one that tries the scripts on a CPU.
@@ -122,19 +96,3 @@ def load_pair(random_model: str | None):
     tensors, meta = gguf.read_gguf(embedded_gguf_path())
     quantized, _ = gguf.build_model(tensors, gguf.model_args(meta, tensors), dense=False)
     return loaded, quantized, "SmolLM2-135M (locals: dense f32; mlx-lm: GGUF Q4_1/Q8_0 as loaded)"
-
-
-def prompts(tokenizer, n: int, length: int, seed: int = 0) -> list[list[int]]:
-    """`n` distinct prompts of exactly `length` tokens (chat-formatted questions, padded with text)."""
-    rng = random.Random(seed)
-    topics = ["the sea", "a city at night", "compilers", "bread", "a lighthouse", "winter", "trains",
-              "a garden", "the moon", "old computers", "rivers", "chess", "a library", "storms"]
-    out = []
-    for i in range(n):
-        text = f"Write a long story about {rng.choice(topics)} and {rng.choice(topics)} (#{i})."
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        filler = tokenizer.encode(" Tell it slowly, with many details.", add_special_tokens=False)
-        while len(ids) < length:
-            ids += filler
-        out.append(ids[:length])
-    return out

@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "locals.cli.launch",
     "locals.cli.run",
     "locals.cli.generate",
+    "locals.cli.bench",
     "locals.cli.cache",
     "locals.cli.tune",
 ]

@@ -1,0 +1,68 @@
+"""`locals bench` as users run it: a report with every sample, a refusal on a busy machine,
+clear errors for bad options; and the measuring helpers it shares with benchmarks/."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from locals.engine.bench import interleaved, summary, timing
+
+
+def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "locals", *args], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, COLUMNS="200", **env))
+
+
+def test_interleaved_rotates_order_and_keeps_every_sample():
+    calls = []
+    runners = {name: (lambda name=name: calls.append(name) or {"x": len(calls)}) for name in ("a", "b", "c")}
+    out = interleaved(3, runners)
+    assert calls[:3] == ["a", "b", "c"]  # warm-up
+    assert calls[3:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert [len(v) for v in out.values()] == [3, 3, 3]
+
+
+def test_timing_counts_decode_after_the_last_first_token():
+    t = timing(0.0, firsts=[1.0, 2.0], ends=[4.0, 3.0], n_tokens=5, batch=2)
+    assert t["decode_tps"] == pytest.approx(2 * 4 / 2.0)
+    assert t["ttft_s"] == 2.0 and t["wall_s"] == 4.0
+    assert summary([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+
+
+@pytest.mark.model
+def test_bench_writes_a_report_with_every_sample(tmp_path):
+    out = tmp_path / "report.json"
+    proc = run_cli("bench", "--model", "smollm2", "--batches", "1,2", "--tokens", "4", "--prompt-len", "8",
+                   "--rounds", "2", "--force", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "locals / mlx-lm" in proc.stdout and str(out) in proc.stdout.replace("\n", "")
+    report = json.loads(out.read_text())
+    assert [row["batch"] for row in report["rows"]] == [1, 2]
+    for row in report["rows"]:
+        for name in ("locals", "mlx-lm"):
+            assert len(row[name]["samples"]) == 2 and row[name]["decode_tps"]["median"] > 0
+    assert report["machine"]["mlx"] and report["model"] == "smollm2"
+
+
+def test_bench_refuses_on_a_busy_machine_unless_forced(monkeypatch):
+    from locals.cli import bench
+    from locals.engine import bench as measuring
+    from locals.errors import LocalsError
+
+    monkeypatch.setattr(measuring, "other_cpu_percent", lambda interval=1.0: 90.0)
+    with pytest.raises(LocalsError, match="--force"):
+        bench._check_quiet(force=False)
+    assert bench._check_quiet(force=True) == 90.0
+
+
+def test_bench_bad_options_are_one_line_errors():
+    for args, needle in ((("--batches", "0,2"), "between 1 and 256"), (("--batches", "x"), "--batches"),
+                         (("--tokens", "1"), "--tokens")):
+        proc = run_cli("bench", *args)
+        assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
