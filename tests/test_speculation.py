@@ -234,3 +234,19 @@ def test_smollm2_constrained_rows_draft_within_the_schema(smollm2):
     value = json.loads(outputs[True][1])
     assert set(value) == {"name", "city"}
     assert outputs[True][2]["accepted_draft_tokens"] > 0
+
+
+@pytest.mark.model
+def test_constraint_fork_walks_ahead_without_moving_the_original(smollm2):
+    from locals.engine.constrain import build_constraint
+
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+    original = build_constraint(smollm2, tools=tools, tool_choice="required", max_tokens=64)
+    before = (original.forced_tokens(), original.closing_tokens(), original.phase)
+    fork = original.fork()
+    for token in before[1]:  # the shortest complete call, walked on the fork
+        fork.accept(token)
+    assert fork.phase.value in ("between", "done") and fork.closing_tokens() == []
+    assert (original.forced_tokens(), original.closing_tokens(), original.phase) == before
+    assert not original.is_complete()
