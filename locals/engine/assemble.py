@@ -1,6 +1,6 @@
 """Builds the engine the daemon and the CLI run: the batched Engine plus the features that
 plug into its hooks — the prefix cache on disk, the repetition guard, tuned kernels
-(inside Engine) and a warmed-up constraint vocabulary.
+(inside Engine; tuned while idle on an untuned GPU) and a warmed-up constraint vocabulary.
 
 Tests build bare `Engine`s; everything users run goes through `create_engine`.
 """
@@ -34,6 +34,7 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
         key = model_key(loaded.model_id, loaded.tokenizer, revision=loaded.info.get("revision", ""))
         cache = TieredPrefixCache(memory, DiskPrefixStore(cache_dir() / "prompts", key, disk_cache_bytes))
     engine = Engine(loaded, config, prefix_cache=cache, guards=[repetition_guard_factory(repetition)])
+    engine.idle_work = _background_tuning(loaded)
     _warm_constraints(loaded)
     return engine
 
@@ -48,6 +49,17 @@ def config_from_env() -> EngineConfig:
     if os.environ.get("LOCALS_SPECULATE", "").strip().lower() in ("0", "false", "off", "no"):
         config.speculate = False
     return config
+
+
+def _background_tuning(loaded):
+    """Kernel tuning as the engine's idle work on an untuned GPU (None on a CPU or when tuned)."""
+    try:
+        from locals.engine.kernels.background import background_tuning
+
+        return background_tuning(loaded)
+    except Exception:  # tuning is an optimisation; MLX's own ops serve meanwhile
+        log.exception("background kernel tuning unavailable")
+        return None
 
 
 def _warm_constraints(loaded) -> None:

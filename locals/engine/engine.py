@@ -99,6 +99,10 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._kv_bytes = 0
+        # Work the engine thread does while no request is around: called as
+        # idle_work(interrupted) -> True while more remains; it must return soon after
+        # interrupted() turns True. Set before start().
+        self.idle_work: Callable[[Callable[[], bool]], bool] | None = None
 
     # --- public surface -------------------------------------------------------------------
 
@@ -207,7 +211,9 @@ class Engine:
                     # returns to its idle size between bursts of agents.
                     release_memory()
                 busy = not idle
-                self._drain(block=launched is None and not self._active and not self._waiting)
+                if idle and self._inbox.empty() and self.idle_work is not None:
+                    self._run_idle_work()
+                self._drain(block=idle and self.idle_work is None)
                 self._admit()
                 if launched is not None and self._must_sync():
                     self._process(launched)
@@ -226,6 +232,16 @@ class Engine:
                 self._process(launched)
             # Leave no queued device work behind this thread (MLX aborts at exit otherwise).
             mx.synchronize()
+
+    def _run_idle_work(self) -> None:
+        """One slice of background work (kernel tuning), stopped as soon as a request or a stop arrives."""
+        try:
+            more = self.idle_work(lambda: not self._inbox.empty() or self._stopping.is_set())
+        except Exception:  # background work must never take the engine down
+            log.exception("background work failed; it will not run again")
+            more = False
+        if not more:
+            self.idle_work = None
 
     def _must_sync(self) -> bool:
         """Whether the next step must wait for the one in flight: a constrained row needs its

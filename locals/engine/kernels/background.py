@@ -1,0 +1,59 @@
+"""Tuning on first use: on a GPU whose tuning table lacks the loaded model's layers, the engine
+thread verifies and times the kernels while no request is around (pausing the moment one
+arrives), saves the table after each slice, and swaps in the winners once all are tuned.
+
+The same work as `locals tune`, run as the engine's idle work; on a CPU there is nothing
+to tune (the engine runs dense weights there).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from locals.engine.kernels.registry import patch_model
+from locals.engine.kernels.tuning import load_table, model_problems, save_table, tune
+
+log = logging.getLogger(__name__)
+
+BACKGROUND_ROUNDS = 5  # fewer than `locals tune`'s 7: a slice must end soon after a request arrives
+
+
+class BackgroundTuning:
+    """The engine's idle work for one model: tune what is missing, then patch the model."""
+
+    def __init__(self, model, rows: range | list[int] = range(1, 17)):
+        self.model = model
+        self.rows = list(rows)
+        self.problems = model_problems(model)
+        self.table = load_table()
+        self.patched = 0
+
+    @property
+    def missing(self) -> int:
+        """(problem, rows) pairs this chip's table has no choice for yet."""
+        choices = self.table.choices if self.table is not None else {}
+        return sum(1 for p in self.problems for m in self.rows if str(m) not in choices.get(p.key, {}))
+
+    def __call__(self, interrupted: Callable[[], bool]) -> bool:
+        """Tune until `interrupted()` or done; True while work remains."""
+        if not self.missing:
+            return False
+        log.info("tuning kernels while idle: %d layer shape x row count pairs left", self.missing)
+        self.table = tune(self.problems, rows=self.rows, table=self.table, pause=interrupted,
+                          rounds=BACKGROUND_ROUNDS)
+        save_table(self.table)
+        if self.missing:
+            return True
+        self.patched = patch_model(self.model, self.table)
+        log.info("kernel tuning done: %d layers now use tuned kernels", self.patched)
+        return False
+
+
+def background_tuning(loaded) -> BackgroundTuning | None:
+    """The idle work for `loaded`, or None when nothing needs tuning (CPU, no quantized layers, tuned)."""
+    backend = getattr(loaded, "backend", None)
+    if backend is None or getattr(backend, "kind", "cpu") == "cpu":
+        return None
+    work = BackgroundTuning(loaded.model)
+    return work if work.missing else None

@@ -1,0 +1,101 @@
+"""Idle work in the engine (kernel tuning on first use): it runs only while no request is
+around, yields as soon as one arrives, resumes after, and its table is saved slice by slice."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from locals.engine.engine import Engine
+from locals.engine.kernels.background import BackgroundTuning
+from locals.engine.kernels.tuning import load_table
+from locals.engine.settings import EngineConfig
+from locals.protocol import GenerationRequest, SamplingParams
+from tests.test_engine import Collector
+
+
+class SlicedWork:
+    """Idle work of `total` slices of ~20 ms; records when it was interrupted."""
+
+    def __init__(self, total: int):
+        self.left = total
+        self.interrupts = 0
+        self.started = threading.Event()
+
+    def __call__(self, interrupted) -> bool:
+        self.started.set()
+        while self.left > 0:
+            if interrupted():
+                self.interrupts += 1
+                return True
+            time.sleep(0.02)
+            self.left -= 1
+        return False
+
+
+def test_idle_work_yields_to_requests_and_finishes_after(tiny_llama):
+    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0))
+    work = SlicedWork(total=200)  # ~4 s of work
+    engine.idle_work = work
+    engine.start()
+    try:
+        assert work.started.wait(10)
+        c = Collector()
+        prompt = tiny_llama.tokenizer.encode("hello there", add_special_tokens=False)
+        t0 = time.perf_counter()
+        rid = c.submit(engine, GenerationRequest(prompt, SamplingParams(max_tokens=4)))
+        c.wait(30)
+        # The request did not wait for the remaining work.
+        assert c.finish(rid).reason == "length" and time.perf_counter() - t0 < 3
+        assert work.interrupts >= 1 and work.left > 0
+        deadline = time.time() + 20
+        while engine.idle_work is not None and time.time() < deadline:
+            time.sleep(0.05)
+        assert work.left == 0 and engine.idle_work is None
+    finally:
+        engine.stop()
+
+
+def test_failing_idle_work_never_stops_serving(tiny_llama):
+    def broken(interrupted):
+        raise RuntimeError("boom")
+
+    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0))
+    engine.idle_work = broken
+    engine.start()
+    try:
+        c = Collector()
+        rid = c.submit(engine, GenerationRequest([1, 2, 3], SamplingParams(max_tokens=3)))
+        c.wait(30)
+        assert c.finish(rid).reason == "length" and engine.idle_work is None
+    finally:
+        engine.stop()
+
+
+def _quantized_model():
+    mx.random.seed(0)
+    # Two layer shapes (never called: only their quantized weights are tuned).
+    model = nn.Sequential(nn.Linear(128, 40), nn.Linear(128, 64))
+    nn.quantize(model, group_size=64, bits=4)
+    return model
+
+
+def test_background_tuning_resumes_and_saves_each_slice(locals_home):
+    model = _quantized_model()
+    work = BackgroundTuning(model, rows=[1, 2])
+    assert work.missing == 4  # two layer shapes x two row counts
+    calls = {"n": 0}
+
+    def after_first_pair():  # asked before each (shape, rows) pair: let one through, then stop
+        calls["n"] += 1
+        return calls["n"] > 1
+
+    assert work(after_first_pair) is True
+    saved = load_table()
+    assert saved is not None and work.missing == 3
+    assert sum(len(v) for v in saved.choices.values()) == 1
+    assert work(lambda: False) is False and work.missing == 0
+    assert sum(len(v) for v in load_table().choices.values()) == 4
