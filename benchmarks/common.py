@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -21,13 +22,13 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def write_results(name: str, data: dict) -> Path:
-    """Write `data` (plus machine info) as benchmarks/results/<name>-<device>-<time>.json."""
+    """Write `data` (plus machine info and the command line) as benchmarks/results/<name>-<device>-<time>.json."""
     import mlx.core as mx
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     device = "gpu" if mx.default_device() == mx.gpu else "cpu"
     data = {"benchmark": name, "device": device, "machine": platform.machine(),
-            "mlx": mx.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), **data}
+            "mlx": mx.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:], **data}
     path = RESULTS / f"{name}-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(data, indent=1))
     return path

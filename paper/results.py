@@ -1,0 +1,129 @@
+"""Benchmark result files for the paper: loading benchmarks/results/*.json, picking the newest
+per benchmark and device, and the command that produced each file.
+
+Read-only over the results folder; knows the file naming of benchmarks/common.write_results
+(`<benchmark>-<cpu|gpu>-<YYYYmmdd-HHMMSS>.json`) and nothing about any one benchmark's table.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+NAME = re.compile(r"^(?P<benchmark>[a-z0-9_]+)-(?P<device>cpu|gpu)-(?P<stamp>\d{8}-\d{6})\.json$")
+DEVICE_LABEL = {"gpu": "H200", "cpu": "CPU (2 shared x86 cores)"}
+
+# Scripts that do not record their argv: the top-level JSON keys that are their flags' values.
+RECORDED_FLAGS = {
+    "kernels": ("rounds", "repeats", "bits", "group_size", "dtype"),
+    "constraint": ("model", "batch"),
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    """One benchmark result file."""
+
+    path: Path
+    data: dict
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def benchmark(self) -> str:
+        return NAME.match(self.name)["benchmark"]
+
+    @property
+    def device(self) -> str:
+        return NAME.match(self.name)["device"]
+
+    @property
+    def stamp(self) -> str:
+        return NAME.match(self.name)["stamp"]
+
+    def command(self) -> str:
+        """The command line that wrote this file, as exactly as the file records it."""
+        script = f"python benchmarks/{self.benchmark}.py"
+        if "argv" in self.data:
+            return " ".join([script, *map(shlex.quote, self.data["argv"])]).strip()
+        if isinstance(self.data.get("args"), dict):
+            return " ".join([script, *_flags(self.data["args"])])
+        recorded = {k: self.data[k] for k in RECORDED_FLAGS.get(self.benchmark, ()) if k in self.data}
+        return " ".join([script, *_flags(recorded)])
+
+    def command_note(self) -> str:
+        """How `command()` was recovered: from argv, or rebuilt from recorded parameters."""
+        if "argv" in self.data:
+            return ""
+        return " (the file records no argv; flags rebuilt from the parameters it records)"
+
+
+def _flags(values: dict) -> list[str]:
+    """argparse-style flags for a dict of option values (None skipped, True as a bare flag)."""
+    out = []
+    for key, value in values.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            out.append(flag)
+            continue
+        text = str(value).removeprefix("mlx.core.")
+        out += [flag, shlex.quote(text)]
+    return out
+
+
+def load_results(folder: Path = RESULTS, names: list[str] | None = None) -> list[Result]:
+    """Every well-named result file in `folder` (or just `names`), oldest first."""
+    paths = [folder / n for n in names] if names is not None else sorted(folder.glob("*.json"))
+    found = [p for p in paths if NAME.match(p.name)]
+    found.sort(key=lambda p: NAME.match(p.name)["stamp"])
+    return [Result(p, json.loads(p.read_text())) for p in found]
+
+
+def of(results: list[Result], benchmark: str, device: str | None = None) -> list[Result]:
+    """The files of one benchmark (and device), oldest first."""
+    return [r for r in results if r.benchmark == benchmark and (device is None or r.device == device)]
+
+
+def newest_by(results: list[Result], key) -> list[Result]:
+    """The newest file for each value of key(result), in order of that key's first appearance."""
+    best: dict = {}
+    for r in results:
+        best[key(r)] = r
+    return list(best.values())
+
+
+def source_line(results: list[Result]) -> str:
+    """A caption line naming each file and the command that wrote it."""
+    parts = [f"`{r.name}` from `{r.command()}`{r.command_note()}" for r in results]
+    return "Source: " + "; ".join(parts) + "."
+
+
+def med(summary: dict | None) -> float | None:
+    return None if not summary else summary["median"]
+
+
+def fmt(value: float | None, digits: int = 1, unit: str = "") -> str:
+    return "–" if value is None else f"{value:.{digits}f}{unit}"
+
+
+def fmt_range(summary: dict | None, digits: int = 1) -> str:
+    """`median (min–max)`, or the median alone when there was one sample."""
+    if not summary:
+        return "–"
+    text = fmt(summary["median"], digits)
+    if summary.get("n", 1) > 1 and summary["min"] != summary["max"]:
+        text += f" ({summary['min']:.{digits}f}–{summary['max']:.{digits}f})"
+    return text
+
+
+def ratio(a: float | None, b: float | None, digits: int = 2) -> str:
+    return "–" if a is None or not b else f"{a / b:.{digits}f}×"
