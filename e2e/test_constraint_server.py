@@ -17,31 +17,15 @@ import jsonschema
 import openai
 import pytest
 
+from tests.test_constrain_model import CODING_TOOLS, PERSON, S  # the same schemas as the engine-level test
+
 pytestmark = pytest.mark.slow
 
-S = {"type": "string"}
-PERSON = {"type": "object", "properties": {"name": S, "age": {"type": "integer", "minimum": 0, "maximum": 150},
-                                           "email": S}, "required": ["name", "age"]}
 NESTED = {"type": "object", "properties": {
     "title": S, "priority": {"type": "string", "enum": ["low", "mid", "high"]}, "done": {"type": "boolean"},
     "tags": {"type": "array", "items": S, "maxItems": 3},
     "owner": {"type": "object", "properties": {"id": {"type": "integer"}, "nick": S}, "required": ["id"]}},
     "required": ["title", "priority", "owner"]}
-
-
-def fn(name, props, required):
-    return {"type": "function", "function": {"name": name, "description": f"{name} tool", "parameters": {
-        "type": "object", "properties": props, "required": required}}}
-
-
-CODING_TOOLS = [
-    fn("read_file", {"path": S, "offset": {"type": "integer", "minimum": 0}}, ["path"]),
-    fn("write_file", {"path": S, "content": S}, ["path", "content"]),
-    fn("edit_file", {"path": S, "old": S, "new": S}, ["path", "old", "new"]),
-    fn("list_dir", {"path": S, "recursive": {"type": "boolean"}}, ["path"]),
-    fn("search", {"pattern": S, "glob": S}, ["pattern"]),
-    fn("run", {"command": S, "timeout": {"type": "integer", "minimum": 1, "maximum": 600}}, ["command"]),
-]
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in CODING_TOOLS}
 TASK = [{"role": "user", "content": "Read README.md, list the src folder, then run the tests."}]
 THREADS = 4
