@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
@@ -51,3 +52,23 @@ def test_tokenizer_parser_wins():
     fmt = tool_format_of(SimpleNamespace(tokenizer=tok, tool_format="json_tools"))
     out = feed_all(ToolCallSplitter(fmt), ["x[CALL] ping [/CALL]"])
     assert out[0] == "x" and out[1].name == "ping"
+
+
+def test_end_marker_inside_an_argument_does_not_end_the_call():
+    # An agent writing a file that itself contains the marker (e.g. a test of this splitter).
+    content = 'x = "<tool_call>"\ny = "</tool_call>"\n'
+    call = '<tool_call>{"name": "write_file", "arguments": {"path": "t.py", "content": %s}}</tool_call>' % json.dumps(content)
+    for cut in (5, 37, 60, len(call) - 12):  # streamed in two pieces, cut anywhere
+        out = feed_all(ToolCallSplitter(hermes()), ["ok ", call[:cut], call[cut:], " bye"])
+        calls = [p for p in out if isinstance(p, ToolCall)]
+        assert len(calls) == 1 and calls[0].arguments == {"path": "t.py", "content": content}, (cut, out)
+        assert "".join(p for p in out if isinstance(p, str)) == "ok  bye"
+
+
+def test_xml_call_with_the_marker_in_a_parameter_stays_whole():
+    fmt = tool_format_of(SimpleNamespace(tokenizer=SimpleNamespace(), tool_format="qwen3_coder"))
+    body = ("<tool_call>\n<function=write_file>\n<parameter=content>\na </tool_call> b\n</parameter>\n"
+            "</function>\n</tool_call>")
+    out = feed_all(ToolCallSplitter(fmt), [body[:30], body[30:]])
+    calls = [p for p in out if isinstance(p, ToolCall)]
+    assert len(calls) == 1 and calls[0].arguments == {"content": "a </tool_call> b"}, out

@@ -82,7 +82,7 @@ class ToolCallSplitter:
         out: list[str | ToolCall] = []
         while True:
             if self._in_call:
-                end = self._buf.find(self.fmt.end) if self.fmt.end else -1
+                end = self._call_end()
                 if end < 0:
                     return out
                 body, self._buf = self._buf[:end], self._buf[end + len(self.fmt.end):]
@@ -100,6 +100,25 @@ class ToolCallSplitter:
                 out.append(self._buf[:start])
             self._buf = self._buf[start + len(self.fmt.start):]
             self._in_call = True
+
+    def _call_end(self) -> int:
+        """Where the open call's end marker is, -1 while it has not arrived.
+
+        An end marker inside an argument (a file that contains `</tool_call>`) is not the
+        end: the first marker before which the call parses is. When none does yet, a later
+        marker may still come; `finish` handles a call that never completes.
+        """
+        if not self.fmt.end:
+            return -1
+        at = self._buf.find(self.fmt.end)
+        first = at
+        while at >= 0:
+            if _parses(self.fmt, self._buf[:at], self.tools):
+                return at
+            at = self._buf.find(self.fmt.end, at + 1)
+        # Nothing parses before any marker: wait for more text, unless the model is not
+        # writing a call at all (then the first marker ends it, as before).
+        return -1 if first >= 0 and _looks_open(self._buf[:first]) else first
 
     def finish(self) -> list[str | ToolCall]:
         """Flush at the end of generation: a call left open (no end marker) is parsed as is."""
@@ -120,6 +139,34 @@ class ToolCallSplitter:
             return [self.fmt.start + body + self.fmt.end]
         self.calls.extend(calls)
         return list(calls)
+
+
+def _parses(fmt: ToolFormat, body: str, tools) -> bool:
+    # An XML call cut inside a parameter lacks its closing tag (mlx-lm's parser is lenient).
+    if "<function=" in body and not body.rstrip().endswith("</function>"):
+        return False
+    try:
+        _to_calls(fmt.parse(body, tools))
+    except Exception:
+        return False
+    return True
+
+
+def _looks_open(body: str) -> bool:
+    """Whether `body` reads like a call still being written: an unterminated JSON string or
+    an XML parameter not closed yet (so a marker seen so far sits inside an argument)."""
+    if "<parameter=" in body:
+        return body.count("<parameter=") > body.count("</parameter>")
+    quotes = 0
+    escaped = False
+    for ch in body:
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == '"':
+            quotes += 1
+    return quotes % 2 == 1
 
 
 def _partial_suffix(text: str, marker: str) -> int:
