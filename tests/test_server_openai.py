@@ -56,7 +56,7 @@ async def test_stream_with_usage_chunk(client, engine):
 
 
 async def test_tool_call_reply_is_parsed_and_constrained(client, engine, constraints):
-    engine.replies = [CALL]
+    engine.replies = ["\n" + CALL]  # the newline before a forced call is not a reply
     resp = await chat(client, tools=TOOLS, tool_choice="auto")
     data = await resp.json()
     choice = data["choices"][0]
