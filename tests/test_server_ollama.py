@@ -28,6 +28,15 @@ async def test_chat_streams_ndjson_by_default(client, engine):
     assert (sampling.temperature, sampling.max_tokens, sampling.seed) == (0.0, 50, 3)
 
 
+async def test_durations_split_prompt_reading_from_decoding(client, engine):
+    engine.replies, engine.delay = ["abcdefghi"], 0.05  # 3 events: first token after 50 ms
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    final = await (await client.post("/api/chat", json=body)).json()
+    prompt, decode, total = final["prompt_eval_duration"], final["eval_duration"], final["total_duration"]
+    assert 0.04e9 <= prompt < 0.5e9 and decode >= 0.09e9  # two more events, 50 ms apart
+    assert prompt + decode == total
+
+
 async def test_chat_tool_call_and_format(client, engine, constraints):
     engine.replies = ['<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>', '{"x": 1}']
     body = {"model": "m", "stream": False, "tools": TOOLS,

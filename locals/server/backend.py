@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -53,6 +54,7 @@ class Done:
     reason: str  # "stop", "length", "tool_calls", "cancelled", "error", "loop", "memory"
     usage: Usage
     error: str | None = None
+    prompt_s: float = 0.0  # from the request reaching the engine to its first token
 
 
 Output = Text | ToolCall | Done
@@ -167,6 +169,7 @@ class Backend:
         splitter = ToolCallSplitter(self.tool_format if chat.parses_tools else None, chat.tools)
         record = self.activity.begin(request.id, chat.api, len(request.prompt_tokens))
         finish, usage = "cancelled", Usage(prompt_tokens=len(request.prompt_tokens))
+        submitted, first_at = time.perf_counter(), None
         try:
             # aclosing: leaving early (client gone) closes the engine stream, which cancels.
             async with aclosing(self.engine.stream(request)) as events:
@@ -177,8 +180,10 @@ class Backend:
                         finish, usage = event.reason, event.usage
                         if finish == "stop" and splitter.calls:
                             finish = "tool_calls"
-                        yield Done(finish, usage, event.error)
+                        prompt_s = (first_at or time.perf_counter()) - submitted
+                        yield Done(finish, usage, event.error, prompt_s)
                         return
+                    first_at = first_at or time.perf_counter()
                     self.activity.first_token(record)
                     usage.completion_tokens += len(event.tokens)
                     pieces = [_wrap(p) for p in splitter.feed(event.text)]

@@ -72,11 +72,13 @@ def _messages(value: Any) -> list[dict]:
 
 def _final(model: str, done: Done, started: float, key: str) -> dict:
     total = int((time.time() - started) * 1e9)
+    prompt = min(int(done.prompt_s * 1e9), total)
+    # The model is loaded once when the server starts: no request waits for a load.
     out = {"model": model, "created_at": _now(), "done": True,
            "done_reason": {"length": "length"}.get(done.reason, "stop"),
            "total_duration": total, "load_duration": 0,
-           "prompt_eval_count": done.usage.prompt_tokens, "prompt_eval_duration": 0,
-           "eval_count": done.usage.completion_tokens, "eval_duration": total, **guard_detail(done)}
+           "prompt_eval_count": done.usage.prompt_tokens, "prompt_eval_duration": prompt,
+           "eval_count": done.usage.completion_tokens, "eval_duration": total - prompt, **guard_detail(done)}
     if key == "message":
         out["message"] = {"role": "assistant", "content": ""}
     else:
