@@ -92,6 +92,15 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
+    def engine_stats(self) -> dict | None:
+        """locals' engine counters after a phase (cache hits, shared-prefill waits); None for peers."""
+        if self.kind != "locals":
+            return None
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/locals/status", timeout=10) as r:
+            engine = json.loads(r.read()).get("engine") or {}
+        keys = ("prompt_tokens_total", "cached_tokens_total", "steps", "extra")
+        return {k: engine.get(k) for k in keys}
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1/chat/completions"
@@ -135,28 +144,33 @@ async def agents_at_once(server: Server, system: str, users: list[str], max_toke
     return max(t for t, _ in times)
 
 
-def run_one(kind: str, model: str, system: str, users: list[str], agents: list[str],
-            max_tokens: int) -> dict:
+def run_one(kind: str, model: str, texts: dict, max_tokens: int) -> dict:
+    """One server's three phases, each in a fresh process that first reads an unrelated
+    prompt (so first-use costs such as GPU kernel compilation do not count as a cold read)."""
     home = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-"))
     server = Server(kind, model, home)
-    server.start()
-    try:
-        turns = asyncio.run(conversation(server, system, users, max_tokens))
-    finally:
-        server.stop()
-    server.start()  # a restart: same home dir, so locals finds its disk cache
-    try:
-        after_restart = asyncio.run(conversation(server, system, users[:1], max_tokens))[0]
-    finally:
-        server.stop()
-    server.start()  # fresh process, then the agents at once with one (new) system prompt
-    try:
-        warm = asyncio.run(conversation(server, "You are a helpful assistant.", ["hi"], 4))
-        last = asyncio.run(agents_at_once(server, system + "\n(agents)", agents, max_tokens))
-    finally:
-        server.stop()
+    system, users, agents = texts["system"], texts["users"], texts["agents"]
+    warm = []
+
+    stats = []
+
+    def phase(run):
+        server.start()
+        try:
+            warm.append(asyncio.run(conversation(server, texts["warmup"], ["hi"], 4))[0])
+            result = asyncio.run(run)
+            stats.append(server.engine_stats())
+            return result
+        finally:
+            server.stop()
+
+    turns = phase(conversation(server, system, users, max_tokens))
+    # A restart: same home dir, so locals finds its disk cache.
+    after_restart = phase(conversation(server, system, users[:1], max_tokens))[0]
+    # The agents at once, with a system prompt no earlier request used.
+    last = phase(agents_at_once(server, "(agents)\n" + system, agents, max_tokens))
     return {"turn_ttft_s": turns, "after_restart_ttft_s": after_restart, "agents_last_ttft_s": last,
-            "warmup_s": warm}
+            "warmup_s": warm, "engine_stats": stats}
 
 
 def random_model_folder(shape: str, out: Path) -> Path:
@@ -199,8 +213,9 @@ def prepare_models(random_model: str | None) -> tuple[object, dict[str, str]]:
     return load_model("smollm2").tokenizer, {"locals": "smollm2", "mlx_lm": folder}
 
 
-def build_texts(tokenizer, args) -> tuple[str, list[str], list[str]]:
-    """The system prompt, one user message per turn, and one first message per agent."""
+def build_texts(tokenizer, args) -> dict:
+    """The system prompt, one user message per turn, one first message per agent, and an
+    unrelated prompt a quarter as long to warm each fresh server with."""
     import argparse as m1
     import collections as m2
     import json.decoder as m3
@@ -214,7 +229,8 @@ def build_texts(tokenizer, args) -> tuple[str, list[str], list[str]]:
               for i in range(args.turns + args.agents)]
     users = [f"Turn {i}: explain this code.\n{p}" for i, p in enumerate(pieces[:args.turns])]
     agents = [f"Agent {i}: summarize.\n{p}" for i, p in enumerate(pieces[args.turns:])]
-    return system, users, agents
+    warmup = "Summarize this file.\n" + text_of_tokens(tokenizer, args.system_tokens // 4, [m4, m3])
+    return {"system": system, "users": users, "agents": agents, "warmup": warmup}
 
 
 def table_of(results: dict[str, list[dict]]) -> dict:
@@ -248,12 +264,12 @@ def main() -> None:
     args = parser.parse_args()
 
     tokenizer, models = prepare_models(args.random_model)
-    system, users, agents = build_texts(tokenizer, args)
+    texts = build_texts(tokenizer, args)
     results: dict[str, list[dict]] = {p: [] for p in args.peers.split(",")}
     for r in range(args.rounds):
         order = list(results) if r % 2 == 0 else list(reversed(results))
         for kind in order:
-            res = run_one(kind, models[kind], system, users, agents, args.max_tokens)
+            res = run_one(kind, models[kind], texts, args.max_tokens)
             results[kind].append(res)
             print(kind, json.dumps(res), flush=True)
     table = table_of(results)

@@ -129,6 +129,22 @@ def test_a_file_that_doubles_a_stored_prefix_replaces_it(tmp_path):
     assert len(list((tmp_path / "m").glob("*.kv"))) == 1
 
 
+def test_queued_writes_count_as_stored(tmp_path):
+    import threading
+
+    store = DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=1)
+    gate, real = threading.Event(), store._write
+    store._write = lambda *args: (gate.wait(10), real(*args))  # hold the writer back
+    store.save(list(range(100)), _kv(100))
+    assert store.covered(list(range(100)) + [5]) == 100 and store.longest(list(range(100)))[0] == 0
+    tiered = TieredPrefixCache(MemoryPrefixCache(10**9), store)
+    tiered.insert(list(range(150)), _kv(150, seed=4))
+    tiered.lookup(list(range(150)) + [1])  # 150 < 2 x the 100 already queued: no second write
+    gate.set()
+    store.flush()
+    assert [len(e.tokens) for e in store.entries.values()] == [100] and store.covered([0]) == 1
+
+
 def test_cache_cli_lists_and_clears(locals_home):
     from typer.testing import CliRunner
 

@@ -122,6 +122,7 @@ class DiskPrefixStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.key, self.budget_bytes, self.min_tokens = key, budget_bytes, min_tokens
         self.entries: dict[str, DiskEntry] = {}
+        self._queued: dict[str, np.ndarray] = {}  # tokens of writes not on disk yet
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._scan()
@@ -170,13 +171,22 @@ class DiskPrefixStore:
         os.utime(entry.path)  # recently used
         return decoded[1]
 
+    def covered(self, tokens: list[int]) -> int:
+        """Leading tokens of `tokens` that disk holds or will hold once queued writes land."""
+        query = np.asarray(tokens, np.int64)
+        with self._lock:
+            stored = [e.tokens for e in self.entries.values()] + list(self._queued.values())
+        return max((_common_prefix(t, query) for t in stored), default=0)
+
     def save(self, tokens: list[int], kv: list[LayerKV]) -> None:
         """Queue a write of this prefix (call on the MLX thread; arrays are copied to host here)."""
-        if len(tokens) < self.min_tokens or self.longest(tokens)[0] == len(tokens):
-            return  # too short to be worth a file, or already inside a stored one
+        if len(tokens) < self.min_tokens or self.covered(tokens) == len(tokens):
+            return  # too short to be worth a file, or already inside a stored or queued one
         dtype = str(kv[0][0].dtype).removeprefix("mlx.core.")
         _, _, view = _DTYPES[dtype]
         host = [tuple(np.array(a.view(view) if view is not None else a) for a in pair) for pair in kv]
+        with self._lock:
+            self._queued[self.name_of(tokens)] = np.asarray(tokens, np.int64)
         self._queue.put((list(tokens), host, dtype))
 
     def flush(self, timeout: float = 30.0) -> None:
@@ -193,6 +203,8 @@ class DiskPrefixStore:
             except OSError:
                 pass  # a full disk must never take the engine down; the prefix stays in memory
             finally:
+                with self._lock:
+                    self._queued.pop(self.name_of(tokens), None)
                 self._queue.task_done()
 
     def _write(self, tokens, host, dtype) -> None:

@@ -5,7 +5,7 @@ No scheduling logic here: the scheduler, admission and caches read these values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -25,7 +25,7 @@ class EngineConfig:
     # Bytes of KV the engine may hold (admission); None = half of available memory at start.
     kv_budget_bytes: int | None = None
     # Bytes the in-memory prefix cache may keep; 0 disables it.
-    prefix_cache_bytes: int = 256 * 1024 * 1024
+    prefix_cache_bytes: int = field(default_factory=lambda: default_prefix_cache_bytes())
     # Queue step n+1 before reading step n's tokens.
     pipeline: bool = True
     # Prompt-lookup speculative decoding: rows whose recent tokens occur earlier in their
@@ -41,3 +41,9 @@ class EngineConfig:
         if self.kv_budget_bytes is not None:
             return int(self.kv_budget_bytes)
         return int(psutil.virtual_memory().available * 0.5)
+
+
+def default_prefix_cache_bytes() -> int:
+    """A quarter of the memory available now (at least 256 MiB): one 16k-token prompt of a
+    4B model is ~2.4 GB of KV, and a budget below one entry keeps nothing."""
+    return max(256 * 1024 * 1024, int(psutil.virtual_memory().available * 0.25))

@@ -32,7 +32,7 @@ class TieredPrefixCache:
                 self.disk_hits += 1
                 self.memory.insert([int(t) for t in entry.tokens], loaded)
                 return n_disk, loaded
-        if kv is not None and n_mem >= max(self.disk.min_tokens, 2 * n_disk):
+        if kv is not None and n_mem >= max(self.disk.min_tokens, 2 * self.disk.covered(tokens)):
             self.disk.save(list(tokens[:n_mem]), [(k[..., :n_mem, :], v[..., :n_mem, :]) for k, v in kv])
         return n_mem, kv
 
