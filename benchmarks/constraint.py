@@ -10,6 +10,7 @@ Run: python benchmarks/constraint.py [--model smollm2] [--steps 32] [--json out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -22,6 +23,7 @@ from mlx_lm.models.cache import make_prompt_cache
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import write_results  # noqa: E402
+from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.constrain import build_constraint  # noqa: E402
 from locals.engine.constrain.apply import apply_bitmasks
 from locals.engine.constrain.schema import schema_regex
@@ -40,6 +42,12 @@ def fn(name, props, required):
 def tool_set(tag: str, n: int) -> list[dict]:
     return [fn(f"{tag}_{i}", {"path": S, "n": {"type": "integer", "minimum": 0}, "mode": {"enum": ["a", "b"]},
                               "tags": {"type": "array", "items": S}}, ["path"]) for i in range(n)]
+
+
+def edit_tools(tag: str, n: int) -> list[dict]:
+    """Coding-agent tools with several free-text strings (edit_file-like)."""
+    return [fn(f"{tag}_{i}", {"path": S, "old": S, "new": S, "limit": {"type": "integer", "minimum": 0}},
+               ["path", "old", "new"]) for i in range(n)]
 
 
 def step_times(loaded, prompt, batch: int, steps: int, constrained: bool) -> tuple[float, float, float]:
@@ -94,18 +102,34 @@ def compile_times(loaded) -> dict[str, float]:
         compiler.compile_regex(regex, vocab, label=name)
         out[name] = time.perf_counter() - t0
     from locals.engine.constrain.formats import FORMATS
-    for parser in ("json_tools", "qwen3_coder", "llama3_json"):
-        fmt, tool = FORMATS[parser], tool_set("x", 1)[0]["function"]
-        regex = fmt.call_regex(tool["name"], fmt.arguments_regex(tool["parameters"], parser))
+    tool = tool_set("x", 1)[0]["function"]
+    # qwen3_coder_inline: free-text values as regex states (the design before value holes).
+    for key, parser, holes in (("json_tools", "json_tools", False), ("qwen3_coder", "qwen3_coder", True),
+                               ("qwen3_coder_inline", "qwen3_coder", False), ("llama3_json", "llama3_json", False)):
+        fmt = FORMATS[parser]
+        regex = fmt.call_regex(tool["name"], fmt.arguments_regex(tool["parameters"], parser, holes=holes))
         t0 = time.perf_counter()
-        compiler.compile_regex(regex + f"(#{uuid.uuid4().hex[:8]})?", vocab, label=parser)
-        out[f"one_tool_call_{parser}"] = time.perf_counter() - t0
-    tag = "t" + uuid.uuid4().hex[:6]
-    t0 = time.perf_counter()
-    c = build_constraint(loaded, tools=tool_set(tag, 24), tool_choice="required")
-    c.mask()
-    out["first_seen_24_tools"] = time.perf_counter() - t0
+        index = compiler.compile_regex(regex + f"(#{uuid.uuid4().hex[:8]})?", vocab, label=parser)
+        out[f"one_tool_call_{key}"] = time.perf_counter() - t0
+        out[f"one_tool_transitions_{key}"] = sum(len(r) for r in index.index.get_transitions().values())
+    out.update(tool_set_compile(loaded, "json_tools", tool_set, "24_tools"))
+    for parser in ("json_tools", "qwen3_coder"):
+        out.update(tool_set_compile(loaded, parser, edit_tools, f"24_edit_tools_{parser}"))
     return out
+
+
+def tool_set_compile(loaded, parser: str, make, name: str) -> dict:
+    """A first-seen 24-tool set in one format: ready (head compiled, first mask), then every
+    tool's call automaton compiled (what the background does), and their transitions."""
+    loaded = dataclasses.replace(loaded, tool_format=parser)
+    t0 = time.perf_counter()
+    c = build_constraint(loaded, tools=make("t" + uuid.uuid4().hex[:6], 24), tool_choice="required")
+    c.mask()
+    ready = time.perf_counter() - t0
+    transitions = sum(len(r) for tool in c._tools.names
+                      for r in c._tools.call(tool).index.index.get_transitions().values())
+    return {f"first_seen_{name}": ready, f"all_calls_compiled_{name}": time.perf_counter() - t0,
+            f"all_calls_transitions_{name}": transitions}
 
 
 def main() -> None:
@@ -115,6 +139,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
+    if needs_fast_blas_reexec():
+        reexec_with_fast_blas()  # the CPU numbers assume OpenBLAS, like the CLI
     loaded = load_model(args.model)
     token_vocab(loaded.tokenizer, loaded.vocab_size)
     results = {"model": loaded.name, "batch": args.batch, **compile_times(loaded)}
@@ -126,7 +152,7 @@ def main() -> None:
     results.update(step_s_unconstrained=free, step_s_constrained=constrained,
                    overhead=constrained / free - 1, mask_s_per_step=mask_s, jump_forward_share=forced)
     for key, value in results.items():
-        print(f"{key:24} {value:.4f}" if isinstance(value, float) else f"{key:24} {value}")
+        print(f"{key:44} {value:.4f}" if isinstance(value, float) else f"{key:44} {value}")
     print("wrote", write_results("constraint", results))
     if args.json:
         with open(args.json, "w") as fh:

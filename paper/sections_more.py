@@ -27,11 +27,27 @@ CONSTRAINT_LABELS = {
     "one_tool_call_qwen3_coder": ("compile: one tool call, Qwen3-Coder XML", 1.0, " s"),
     "one_tool_call_llama3_json": ("compile: one tool call, llama3_json", 1.0, " s"),
     "first_seen_24_tools": ("first-seen 24-tool set ready", 1.0, " s"),
+    "one_tool_transitions_json_tools": ("transitions: one tool call, hermes json_tools", 1.0, ""),
+    "one_tool_transitions_qwen3_coder": ("transitions: one tool call, Qwen3-Coder XML", 1.0, ""),
+    "one_tool_call_qwen3_coder_inline": ("compile: one tool call, Qwen3-Coder XML, values inline (before)", 1.0, " s"),
+    "one_tool_transitions_qwen3_coder_inline": ("transitions: Qwen3-Coder XML, values inline (before)", 1.0, ""),
+    "one_tool_transitions_llama3_json": ("transitions: one tool call, llama3_json", 1.0, ""),
+    "all_calls_compiled_24_tools": ("compile: every call of 24 coding tools, hermes", 1.0, " s"),
+    "all_calls_transitions_24_tools": ("transitions: every call of 24 coding tools, hermes", 1.0, ""),
+    "first_seen_24_edit_tools_json_tools": ("first-seen 24 edit tools ready, hermes", 1.0, " s"),
+    "all_calls_compiled_24_edit_tools_json_tools": ("compile: every call of 24 edit tools, hermes", 1.0, " s"),
+    "all_calls_transitions_24_edit_tools_json_tools": ("transitions: every call of 24 edit tools, hermes", 1.0, ""),
+    "first_seen_24_edit_tools_qwen3_coder": ("first-seen 24 edit tools ready, Qwen3-Coder XML", 1.0, " s"),
+    "all_calls_compiled_24_edit_tools_qwen3_coder": ("compile: every call of 24 edit tools, Qwen3-Coder XML", 1.0, " s"),
+    "all_calls_transitions_24_edit_tools_qwen3_coder": ("transitions: every call of 24 edit tools, Qwen3-Coder XML",
+                                                        1.0, ""),
 }
 
 
 def _metric(key: str, value: float) -> str:
     _, scale, unit = CONSTRAINT_LABELS.get(key, (key, 1.0, ""))
+    if key.startswith(("one_tool_transitions", "all_calls_transitions")):
+        return f"{int(value):,}"
     digits = 1 if unit in ("%", " ms") else 3
     return f"{value * scale:.{digits}f}{unit}"
 

@@ -4,7 +4,8 @@ Both are driven by the engine thread only (locals/engine/hooks.py). Every query 
 lookup plus at most one Index transition; masks are rows of a table already on the device.
 Tool calls move through phases: FREE text (auto mode; no mask unless the text ends with
 part of the start marker) -> HEAD (the frame up to the function name) -> CALL (that tool's
-own automaton, entered once the name is unique) -> BETWEEN (another call or EOS) -> DONE.
+own automaton, entered once the name is unique; VALUE while inside a free-text value that
+the call's runtime checks, holes.py) -> BETWEEN (another call or EOS) -> DONE.
 With a token budget (`max_tokens`), the last tokens go to the shortest completion, so an
 output cut off by its length limit still parses; `closed_by_budget` then says so.
 """
@@ -14,8 +15,9 @@ from __future__ import annotations
 import copy
 from enum import Enum
 
-from locals.engine.constrain.index import CompiledIndex
-from locals.engine.constrain.tools import DeviceRow, ToolSet, chosen_name, token_row
+from locals.engine.constrain.holes import CallRuntime, Position
+from locals.engine.constrain.index import CompiledIndex, DeviceRow, token_row
+from locals.engine.constrain.tools import ToolSet, chosen_name
 
 # Slack kept above the closing's length: one sampled token can lengthen the closing by a
 # few tokens (it may open a string, an object and a key at once).
@@ -108,6 +110,7 @@ class Phase(Enum):
     FREE = "free"
     HEAD = "head"
     CALL = "call"
+    VALUE = "value"
     BETWEEN = "between"
     DONE = "done"
 
@@ -123,8 +126,10 @@ class ToolCallConstraint:
         self._calls = 0
         self._marker_len = 0  # FREE: length of the marker prefix the text ends with
         self._head_bytes = bytearray()
-        self._index: CompiledIndex = tools.head
+        self._index: CompiledIndex = tools.head  # HEAD: the head automaton and its state
         self._state = tools.head.initial
+        self._run: CallRuntime | None = None  # CALL/VALUE: the chosen tool's automaton, position
+        self._pos: Position | None = None
         self._phase = Phase.FREE
         self._budget = _Budget(tools.vocab, max_tokens)
         self.closed_by_budget = False
@@ -148,7 +153,9 @@ class ToolCallConstraint:
             return self._tools.eos_only.get() if self._no_room_for_a_call() else self._tools.between.get()
         if phase is Phase.DONE:
             return self._tools.eos_only.get()
-        return self._budget.queue_mask() if self._closing_queue() else self._index.mask(self._state)
+        if self._closing_queue():
+            return self._budget.queue_mask()
+        return self._index.mask(self._state) if phase is Phase.HEAD else self._run.mask(self._pos)
 
     def accept(self, token: int) -> None:
         phase = self._phase
@@ -160,18 +167,22 @@ class ToolCallConstraint:
             self._start_head(b"", token)
         elif phase is Phase.DONE:
             raise ValueError(f"token {token} after the last tool call")
+        elif phase is Phase.HEAD:
+            self._advance_head(token)
         else:
-            self._advance(token)
+            self._advance_call(token)
         self._budget.spend(token)
 
     def forced_tokens(self) -> list[int]:
-        if self._phase in (Phase.HEAD, Phase.CALL):
+        if self._phase is Phase.HEAD:
             return list(self._closing_queue() or self._index.forced(self._state))
+        if self._phase in (Phase.CALL, Phase.VALUE):
+            return list(self._closing_queue() or self._run.forced(self._pos))
         return []
 
     def closing_tokens(self) -> list[int]:
-        if self._phase is Phase.CALL:
-            return self._index.closing(self._state)
+        if self._phase in (Phase.CALL, Phase.VALUE):
+            return self._run.closing(self._pos)
         if self._phase is Phase.HEAD:
             return self._tools.closing_from_head(bytes(self._head_bytes), self._state)
         return []
@@ -222,26 +233,34 @@ class ToolCallConstraint:
         self._head_bytes = bytearray(data if token is None else self._tools.vocab.bytes_of(token))
         self._maybe_enter_call()
 
-    def _advance(self, token: int) -> None:
+    def _advance_head(self, token: int) -> None:
         nxt = self._index.next_state(self._state, token)
         if nxt is None or token in self._eos:
             raise ValueError(f"token {token} is not allowed in the tool call here")
         self._state = nxt
-        if self._phase is Phase.HEAD:
-            self._head_bytes += self._tools.vocab.bytes_of(token)
-            self._maybe_enter_call()
-        elif self._index.is_closed(nxt):
+        self._head_bytes += self._tools.vocab.bytes_of(token)
+        self._maybe_enter_call()
+
+    def _advance_call(self, token: int) -> None:
+        pos = None if token in self._eos else self._run.step(self._pos, token)
+        if pos is None:
+            raise ValueError(f"token {token} is not allowed in the tool call here")
+        self._enter(pos)
+        if self._run.is_closed(pos):
             self._calls += 1
             done = self._max_calls is not None and self._calls >= self._max_calls
             self._phase = Phase.DONE if done or self.closed_by_budget else Phase.BETWEEN
             self._budget.queue = None
 
+    def _enter(self, pos: Position) -> None:
+        self._pos, self._phase = pos, Phase.CALL if pos.hole is None else Phase.VALUE
+
     def _maybe_enter_call(self) -> None:
         name = chosen_name(self._tools, bytes(self._head_bytes))
         if name is None:
             return
-        index = self._tools.call_index(name)
-        state = index.walk(index.initial, bytes(self._head_bytes))
+        self._run = self._tools.call(name)
+        state = self._run.index.walk(self._run.index.initial, bytes(self._head_bytes))
         if state is None:
             raise ValueError(f"the call frame of {name!r} does not continue its head")
-        self._phase, self._index, self._state = Phase.CALL, index, state
+        self._enter(self._run.settle(state))

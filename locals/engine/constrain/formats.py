@@ -33,9 +33,10 @@ class ToolFormat:
     avoid: tuple[str, ...] = ()  # markers no argument string may hold (they would end the call)
     parallel: bool = True  # several calls in one reply
 
-    def arguments_regex(self, schema, label: str) -> str:
+    def arguments_regex(self, schema, label: str, holes: bool = False) -> str:
+        """The arguments' regex; `holes`: XML free-text values as runtime-checked holes (values.py)."""
         if self.arguments == "xml":
-            return parameters_regex(schema, label=label)
+            return parameters_regex(schema, label=label, holes=holes)
         return schema_regex(schema, label=label, avoid=self.avoid)
 
     def head_regex(self, names: list[str]) -> str:

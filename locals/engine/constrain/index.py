@@ -3,7 +3,9 @@
 Built once per (regex, tokenizer) and shared by every request using it; read-only after
 construction except for memo tables (forced text, closings), which are filled on demand
 and only ever hold values computed from the immutable Index. The device copy of the
-table is made lazily by the engine thread (the thread that owns MLX).
+table is made lazily by the engine thread (the thread that owns MLX). Tokens holding a
+hole byte (values.HOLE_BYTES) are never in a row: a state whose only way on is a hole
+byte is a *hole*, where a runtime-checked value goes (see values.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 import outlines_core
 
+from locals.engine.constrain.values import HOLE_BYTES
 from locals.engine.constrain.vocab import TokenVocab
 
 # Bound on the states a closing search visits (a closing is a few dozen bytes in practice).
@@ -32,11 +35,13 @@ class CompiledIndex:
         transitions = index.get_transitions()
         states = sorted(set(transitions) | self.finals | {self.initial})
         eos = np.fromiter(vocab.eos_ids, dtype=np.int64)
+        hole_free = vocab.tokens_free_of(bytes(HOLE_BYTES.values()))
         bits = np.zeros((len(states), vocab.words * 32), dtype=bool)
         self._text_states = set()
         for row, state in enumerate(states):
             tokens = np.fromiter(transitions.get(state, {}), dtype=np.int64)
             tokens = tokens[tokens < vocab.width_tokens]
+            tokens = tokens[hole_free[tokens]]
             bits[row, tokens] = True
             if vocab.eos_id in transitions.get(state, {}):
                 bits[row, eos] = True
@@ -50,6 +55,7 @@ class CompiledIndex:
         self._forced: dict[int, list[int]] = {}
         self._closing: dict[int, bytes | None] = {}
         self._closing_tokens: dict[int, list[int]] = {}
+        self._holes: dict[int, tuple[int, int] | None] = {}
 
     # -- per-step queries (O(1) after the first visit of a state) --
 
@@ -78,6 +84,18 @@ class CompiledIndex:
                 return None
             state = self.index.get_next_state(state, token)
         return state
+
+    def hole(self, state: int) -> tuple[int, int] | None:
+        """(hole byte, state after it) when `state` is a hole, else None."""
+        if state not in self._holes:
+            found = None
+            if not self.rows[self.row_of[state]].any():
+                for byte in HOLE_BYTES.values():
+                    nxt = self.index.get_next_state(state, int(self.vocab.byte_ids[byte]))
+                    if nxt is not None:
+                        found = (byte, nxt)
+            self._holes[state] = found
+        return self._holes[state]
 
     def is_final(self, state: int) -> bool:
         return state in self.finals
@@ -137,7 +155,8 @@ class CompiledIndex:
     # -- cut-off --
 
     def closing_text(self, state: int) -> bytes | None:
-        """The shortest bytes from `state` to a final state (breadth-first over bytes)."""
+        """The shortest bytes from `state` to a final state (breadth-first over bytes; through
+        a hole by its hole byte, which stands for an empty value)."""
         if state in self._closing:
             return self._closing[state]
         found = None
@@ -148,7 +167,8 @@ class CompiledIndex:
             if current in self.finals:
                 found = current
                 break
-            for byte in self.allowed_bytes(current):
+            hole = self.hole(current)
+            for byte in [hole[0]] if hole else self.allowed_bytes(current):
                 nxt = self.index.get_next_state(current, int(self.vocab.byte_ids[byte]))
                 if nxt is not None and nxt not in parents:
                     parents[nxt] = (current, int(byte))
@@ -173,3 +193,28 @@ class CompiledIndex:
                 tokens = self.vocab.split_bytes(text) or []
             self._closing_tokens[state] = tokens
         return list(tokens)
+
+
+def ones_row(vocab: TokenVocab) -> np.ndarray:
+    bits = np.zeros(vocab.words * 32, dtype=bool)
+    bits[: vocab.width_tokens] = True
+    return np.packbits(bits, bitorder="little").view(np.uint32)
+
+
+def token_row(vocab: TokenVocab, tokens) -> np.ndarray:
+    bits = np.zeros(vocab.words * 32, dtype=bool)
+    bits[np.fromiter(tokens, dtype=np.int64)] = True
+    return np.packbits(bits, bitorder="little").view(np.uint32)
+
+
+class DeviceRow:
+    """A host bitmask row copied to the device on first use (by the engine thread)."""
+
+    def __init__(self, row: np.ndarray):
+        self.host = row
+        self._device = None
+
+    def get(self) -> mx.array:
+        if self._device is None:
+            self._device = mx.array(self.host)
+        return self._device

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
-import mlx.core as mx
-import numpy as np
-
 from locals.engine.constrain import compile as compiler
 from locals.engine.constrain.formats import ToolFormat, check_name
-from locals.engine.constrain.index import CompiledIndex
+from locals.engine.constrain.holes import CallRuntime
+from locals.engine.constrain.index import CompiledIndex, DeviceRow, ones_row, token_row
+from locals.engine.constrain.values import segment_tokens, supports_holes
 from locals.engine.constrain.vocab import TokenVocab
 from locals.errors import RequestError
 
@@ -43,31 +42,6 @@ def tool_schemas(tools: list[dict]) -> dict[str, dict]:
         params = fn.get("parameters")
         out[name] = NO_ARGUMENTS if params is None else params
     return out
-
-
-def ones_row(vocab: TokenVocab) -> np.ndarray:
-    bits = np.zeros(vocab.words * 32, dtype=bool)
-    bits[: vocab.width_tokens] = True
-    return np.packbits(bits, bitorder="little").view(np.uint32)
-
-
-def token_row(vocab: TokenVocab, tokens) -> np.ndarray:
-    bits = np.zeros(vocab.words * 32, dtype=bool)
-    bits[np.fromiter(tokens, dtype=np.int64)] = True
-    return np.packbits(bits, bitorder="little").view(np.uint32)
-
-
-class DeviceRow:
-    """A host bitmask row copied to the device on first use (by the engine thread)."""
-
-    def __init__(self, row: np.ndarray):
-        self.host = row
-        self._device = None
-
-    def get(self) -> mx.array:
-        if self._device is None:
-            self._device = mx.array(self.host)
-        return self._device
 
 
 def guard_rows(head: CompiledIndex, fmt: ToolFormat) -> tuple[list, list]:
@@ -105,28 +79,31 @@ class ToolSet:
         self.vocab = vocab
         self.fmt = fmt
         self.names = list(schemas)
+        # XML free-text values as runtime-checked holes (values.py) where the vocabulary allows.
+        self.holed = fmt.arguments == "xml" and supports_holes(vocab)
         # Args regexes first: a schema that cannot be enforced is refused before anything runs.
-        self._regexes = {name: fmt.call_regex(name, fmt.arguments_regex(s, f"tool {name!r} parameters"))
+        self._regexes = {name: fmt.call_regex(name, fmt.arguments_regex(s, f"tool {name!r} parameters",
+                                                                        holes=self.holed))
                          for name, s in schemas.items()}
         self.head = compiler.compile_regex(fmt.head_regex(self.names), vocab, label="the tool-call frame")
         self._futures: dict[str, Future] = {}
         if prefetch:
             for name, regex in self._regexes.items():
                 self._futures[name] = compiler.submit(regex, vocab)
-        self._calls: dict[str, CompiledIndex] = {}
+        self._calls: dict[str, CallRuntime] = {}
         self._shortest: int | None = None
         self._longest: int | None = None
         self.between = DeviceRow(self.head.rows[self.head.row_of[self.head.initial]] | token_row(vocab, vocab.eos_ids))
         self.eos_only = DeviceRow(token_row(vocab, vocab.eos_ids))
 
-    def call_index(self, name: str) -> CompiledIndex:
+    def call(self, name: str) -> CallRuntime:
         """The call automaton of `name`, compiling it now if the background has not yet."""
-        index = self._calls.get(name)
-        if index is None:
+        run = self._calls.get(name)
+        if run is None:
             index = compiler.compile_now(self._regexes[name], self.vocab, self._futures.get(name),
                                          label=f"tool {name!r} parameters")
-            self._calls[name] = index
-        return index
+            run = self._calls[name] = CallRuntime(index, self.holed)
+        return run
 
     def guard(self) -> list[DeviceRow | None]:
         """Free-text rows while a call may still start (see guard_rows)."""
@@ -143,15 +120,16 @@ class ToolSet:
         name = chosen_name(self, head_bytes + head_text)
         if name is None:
             return []
-        index = self.call_index(name)
+        run = self.call(name)
+        index = run.index
         start = index.walk(index.initial, head_bytes)
         end = index.walk(start, head_text) if start is not None else None
         rest = index.closing_text(end) if end is not None else None
         if rest is None:
             return []
-        tokens = self.vocab.encode(head_text + rest)
-        if tokens is None or index.walk_tokens(start, tokens) is None:
-            tokens = self.vocab.split_bytes(head_text + rest) or []
+        tokens = segment_tokens(self.vocab, head_text + rest)
+        if tokens is None or run.walk_tokens(run.settle(start), tokens) is None:
+            tokens = (segment_tokens(self.vocab, head_text) or []) + run.closing(run.settle(end))
         return tokens
 
     def longest_call(self) -> int:

@@ -8,6 +8,7 @@ byte-walking and canonical-encoding helpers the automata need.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import threading
 import weakref
@@ -119,6 +120,26 @@ class TokenVocab:
                         grouped.setdefault(b, []).append(i)
                 self._outlines = outlines_core.Vocabulary(self.eos_id, grouped)
             return self._outlines
+
+    def tokens_free_of(self, forbidden: bytes) -> np.ndarray:
+        """Bool per token id: True when the token writes none of the bytes in `forbidden`."""
+        cache = self.__dict__.setdefault("_free_of", {})
+        if forbidden not in cache:
+            cache[forbidden] = np.array([not b or not any(c in b for c in forbidden)
+                                         for b in self.token_bytes], dtype=bool)
+        return cache[forbidden]
+
+    def tokens_with_prefix(self, prefix: bytes) -> list[int]:
+        """Ids of the tokens whose bytes start with `prefix` (one bisect in a sorted table)."""
+        table = self.__dict__.get("_sorted")
+        if table is None:
+            table = self._sorted = sorted((b, i) for i, b in enumerate(self.token_bytes) if b)
+        out = []
+        for data, token in table[bisect.bisect_left(table, (prefix, -1)):]:
+            if not data.startswith(prefix):
+                break
+            out.append(token)
+        return out
 
     def bytes_of(self, token: int) -> bytes:
         """The bytes `token` writes (b"" for control tokens and ids outside the vocabulary)."""

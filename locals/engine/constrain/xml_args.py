@@ -6,6 +6,8 @@ value by the property's JSON-schema `type`, so each VALUE is limited to the text
 parser converts into something the schema accepts: strings are free text without the
 closing markers (and never "null", which it reads as None), numbers and booleans exact,
 enums the texts the parser maps onto their members, objects and arrays JSON.
+With `holes`, each free-text value is one hole byte instead (values.py checks the text
+at runtime), which keeps the automaton about the size of the JSON format's.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from mlx_lm.tool_parsers.qwen3_coder import _convert_param_value
 
 from locals.engine.constrain.freetext import Avoiding
 from locals.engine.constrain.schema import integer_bound, integer_range_regex, schema_regex
+from locals.engine.constrain.values import ANY, HOLE_BYTES, HOLE_CLASS, NOT_CONTAINER, NOT_NULL
 from locals.errors import RequestError
 
 # What ends a value for the parser.
@@ -25,6 +28,7 @@ _NAME = re.compile(r"^[^\s<>]+$")
 _INTEGER_DIGITS = 15  # the parser goes through float(): longer integers would lose digits
 _NUMBER = r"-?(0|[1-9][0-9]{0,14})(\.[0-9]{1,15})?([eE][+-]?[0-9]{1,2})?"
 _NOTES = {"description", "title", "default", "examples"}
+_HOLE_CHARS = re.compile(f"[{HOLE_CLASS}]")
 
 
 def _text(value) -> str:
@@ -39,10 +43,14 @@ def _same(a, b) -> bool:
 class _Values:
     """Value regexes for one tool's properties (`label` names the tool in errors)."""
 
-    def __init__(self, root: dict, label: str):
+    def __init__(self, root: dict, label: str, holes: bool):
         self.root = root
         self.label = label
         self.free = Avoiding(CLOSING_MARKERS)
+        self.holes = holes
+
+    def hole(self, kind: int, inline: str) -> str:
+        return f"\\x{HOLE_BYTES[kind]:02x}" if self.holes else inline
 
     def fail(self, name: str, why: str) -> RequestError:
         return RequestError(f"{self.label}: parameter {name!r} {why}, which the Qwen3-Coder XML tool-call "
@@ -61,7 +69,7 @@ class _Values:
     def value(self, name: str, schema) -> str:
         schema = self.resolve(schema)
         if schema is True or schema == {} or (isinstance(schema, dict) and not set(schema) - _NOTES):
-            return self.free.any()  # anything the parser returns is valid for an empty schema
+            return self.hole(ANY, self.free.any())  # anything the parser returns is valid for an empty schema
         if not isinstance(schema, dict):
             raise self.fail(name, "has a schema that is not an object")
         if "enum" in schema or "const" in schema:
@@ -83,7 +91,10 @@ class _Values:
             return "null"
         if kind in ("object", "array"):
             sub = {**schema, **{k: self.root[k] for k in ("$defs", "definitions") if k in self.root}}
-            return schema_regex(sub, label=f"{self.label} parameter {name!r}", avoid=CLOSING_MARKERS)
+            # With holes, JSON strings in these values write `</` as `<\/` (same JSON text): one
+            # extra state per string instead of one per character of `</parameter>`.
+            avoid = ("</",) if self.holes else CLOSING_MARKERS
+            return schema_regex(sub, label=f"{self.label} parameter {name!r}", avoid=avoid)
         raise self.fail(name, f"has type {kind!r}")
 
     def choices(self, name: str, schema: dict) -> str:
@@ -97,7 +108,7 @@ class _Values:
                 ok = _same(_convert_param_value(text, name, config), member)
             except (ValueError, TypeError, OverflowError):
                 ok = False
-            if ok and not any(m in text for m in CLOSING_MARKERS):
+            if ok and not any(m in text for m in CLOSING_MARKERS) and not _HOLE_CHARS.search(text):
                 texts.append(text)
         if not texts:
             raise self.fail(name, f"allows only values ({members!r}) that its parser reads back differently")
@@ -108,7 +119,7 @@ class _Values:
             return f"({schema['pattern']})"
         low, high = schema.get("minLength"), schema.get("maxLength")
         if low is None and high is None:
-            return self.free.not_word("null")
+            return self.hole(NOT_NULL, self.free.not_word("null"))
         # Bounded: no `<` at all (it could start a closing marker), and never "null".
         return _bounded_not_null(low or 0, high)
 
@@ -129,29 +140,31 @@ class _Values:
         kinds = {self.resolve(b).get("type") if isinstance(b, dict) and not set(self.resolve(b)) - _NOTES - {"type"}
                  else "complex" for b in branches}
         if kinds == {"string", "null"}:
-            return self.free.not_container()
+            return self.hole(NOT_CONTAINER, self.free.not_container())
         raise self.fail(name, "has no single 'type'")
 
 
 def _bounded_not_null(low: int, high: int | None) -> str:
-    """Text of `low`..`high` characters without `<`, except "null" in any case."""
+    """Text of `low`..`high` characters without `<` (nor hole bytes), except "null" in any case."""
     top = "" if high is None else str(high)
+    c = f"[^<{HOLE_CLASS}"
     if not low <= 4 <= (high if high is not None else 4):
-        return f"([^<]{{{low},{top}}})"
-    parts = [f"[^<]{{{low},3}}"] if low <= 3 else []
+        return f"({c}]{{{low},{top}}})"
+    parts = [f"{c}]{{{low},3}}"] if low <= 3 else []
     if high is None or high >= 5:
-        parts.append(f"[^<]{{5,{top}}}")
-    parts += ["[^<nN][^<]{3}", "[nN][^<uU][^<]{2}", "[nN][uU][^<lL][^<]", "[nN][uU][lL][^<lL]"]
+        parts.append(f"{c}]{{5,{top}}}")
+    parts += [f"{c}nN]{c}]{{3}}", f"[nN]{c}uU]{c}]{{2}}", f"[nN][uU]{c}lL]{c}]", f"[nN][uU][lL]{c}lL]"]
     return "(" + "|".join(parts) + ")"
 
 
-def parameters_regex(schema, *, label: str) -> str:
-    """The regex of the XML parameter blocks for a tool whose parameters are `schema`."""
+def parameters_regex(schema, *, label: str, holes: bool = False) -> str:
+    """The regex of the XML parameter blocks for a tool whose parameters are `schema`
+    (`holes`: free-text values as hole bytes, checked at runtime by values.py)."""
     if schema is True or schema is None:
         schema = {"type": "object"}
     if not isinstance(schema, dict) or schema.get("type", "object") != "object":
         raise RequestError(f"{label}: tool parameters must be a JSON schema of type object")
-    values = _Values(schema, label)
+    values = _Values(schema, label, holes)
     required = set(schema.get("required", []))
     parts = []
     for name, sub in (schema.get("properties") or {}).items():
