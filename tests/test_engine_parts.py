@@ -198,3 +198,19 @@ def test_long_row_decodes_on_its_own_caches_next_to_the_batch(tiny_llama):
     assert not batch.fits(kvs[2].offset) and kvs[2].offset == 300
     for i, s in enumerate(seqs):
         assert mx.allclose(out[i], _plain_last_logits(model, s), atol=1e-4)
+
+
+def test_engine_settings_from_the_environment(monkeypatch):
+    from locals.engine.assemble import config_from_env
+
+    monkeypatch.setenv("LOCALS_KV_BUDGET_MB", "300")
+    monkeypatch.setenv("LOCALS_PREFIX_CACHE_MB", "64")
+    monkeypatch.setenv("LOCALS_MAX_BATCH", "5")
+    monkeypatch.setenv("LOCALS_SPECULATE", "off")
+    config = config_from_env()
+    assert (config.kv_budget_bytes, config.prefix_cache_bytes) == (300 * 2**20, 64 * 2**20)
+    assert config.max_batch == 5 and config.speculate is False
+    for name in ("LOCALS_KV_BUDGET_MB", "LOCALS_PREFIX_CACHE_MB", "LOCALS_MAX_BATCH", "LOCALS_SPECULATE"):
+        monkeypatch.delenv(name)
+    default = config_from_env()
+    assert default.speculate is True and default.prefix_cache_bytes >= 256 * 2**20

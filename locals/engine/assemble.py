@@ -40,10 +40,13 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
 
 
 def config_from_env() -> EngineConfig:
-    """EngineConfig with LOCALS_KV_BUDGET_MB / LOCALS_MAX_BATCH / LOCALS_SPECULATE applied (for `serve`, `start`)."""
+    """EngineConfig with the LOCALS_* engine settings of the environment applied (for `serve`, `start`):
+    KV_BUDGET_MB, PREFIX_CACHE_MB, MAX_BATCH, SPECULATE."""
     config = EngineConfig()
     if os.environ.get("LOCALS_KV_BUDGET_MB"):
         config.kv_budget_bytes = int(float(os.environ["LOCALS_KV_BUDGET_MB"]) * 2**20)
+    if os.environ.get("LOCALS_PREFIX_CACHE_MB"):
+        config.prefix_cache_bytes = int(float(os.environ["LOCALS_PREFIX_CACHE_MB"]) * 2**20)
     if os.environ.get("LOCALS_MAX_BATCH"):
         config.max_batch = int(os.environ["LOCALS_MAX_BATCH"])
     if os.environ.get("LOCALS_SPECULATE", "").strip().lower() in ("0", "false", "off", "no"):
