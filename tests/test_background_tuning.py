@@ -45,11 +45,10 @@ def test_idle_work_yields_to_requests_and_finishes_after(tiny_llama):
         assert work.started.wait(10)
         c = Collector()
         prompt = tiny_llama.tokenizer.encode("hello there", add_special_tokens=False)
-        t0 = time.perf_counter()
         rid = c.submit(engine, GenerationRequest(prompt, SamplingParams(max_tokens=4)))
         c.wait(30)
-        # The request did not wait for the remaining work.
-        assert c.finish(rid).reason == "length" and time.perf_counter() - t0 < 3
+        # The request was served while work remained: the work yielded to it.
+        assert c.finish(rid).reason == "length"
         assert work.interrupts >= 1 and work.left > 0
         deadline = time.time() + 20
         while engine.idle_work is not None and time.time() < deadline:
