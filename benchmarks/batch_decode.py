@@ -17,6 +17,14 @@ from benchmarks.common import interleaved, load_pair, no_eos, prompts, summary, 
 from locals.engine.bench import run_locals, run_mlx_lm  # noqa: E402
 
 
+def untuned(engine, prompts, tokens):
+    """locals with MLX's own matmuls in every tuned layer: what the kernels add, same engine."""
+    from locals.engine.kernels import mlx_ops_only
+
+    with mlx_ops_only():
+        return run_locals(engine, prompts, tokens)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--random-model", default=None, help="qwen3-4b: random 4-bit Qwen3-4B shape (GPU)")
@@ -27,6 +35,8 @@ def main() -> None:
     ap.add_argument("--with-lookup", action="store_true",
                     help="also run locals with prompt-lookup drafts on ('locals' runs without: this "
                          "benchmark measures batching; random weights repeat themselves, which drafts exploit)")
+    ap.add_argument("--untuned-baseline", action="store_true",
+                    help="also run locals with MLX's own matmuls (no tuned kernels), when this chip is tuned")
     ap.add_argument("--dense-baseline", action="store_true",
                     help="also run mlx-lm on locals' (dense) weights, to separate weights from scheduling")
     args = ap.parse_args()
@@ -38,6 +48,7 @@ def main() -> None:
     ours = no_eos(ours)
     engine = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
     engine.start()
+    print(f"locals: {engine.patched_layers} layers use tuned kernels", flush=True)
     lookup = None
     if args.with_lookup:
         lookup = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256))
@@ -50,9 +61,11 @@ def main() -> None:
                 "locals": lambda: run_locals(engine, ps, args.tokens),
                 "mlx-lm": lambda: run_mlx_lm(theirs, ps, args.tokens),
             }
+            if args.untuned_baseline:
+                runners["locals-untuned"] = lambda: untuned(engine, ps, args.tokens)
             if lookup is not None:
                 runners["locals-lookup"] = lambda: run_locals(lookup, ps, args.tokens)
-            if args.dense_baseline and theirs is not ours.model:
+            if args.dense_baseline and args.random_model is None:
                 runners["mlx-lm-dense"] = lambda: run_mlx_lm(ours.model, ps, args.tokens)
             res = interleaved(args.rounds, runners)
             row = {"batch": batch}
@@ -64,11 +77,12 @@ def main() -> None:
                              for n in res)
             print(f"B={batch:3d}  {line}", flush=True)
     finally:
-        engine.stop()
-        if lookup is not None:
-            lookup.stop()
+        for e in (engine, lookup):
+            if e is not None:
+                e.stop()
     path = write_results("batch_decode", {"model": label, "tokens": args.tokens, "prompt_len": args.prompt_len,
-                                          "rounds": args.rounds, "rows": rows, "argv": sys.argv[1:]})
+                                          "rounds": args.rounds, "rows": rows, "argv": sys.argv[1:],
+                                          "tuned_layers": engine.patched_layers})
     print(f"results: {path}")
 
 

@@ -21,6 +21,21 @@ from locals.engine.bench import without_eos as no_eos  # noqa: F401
 RESULTS = Path(__file__).parent / "results"
 
 
+def as_peer(run):
+    """Wrap a peer's runner: it keeps MLX's own matmuls even where locals' engine swapped
+    tuned kernels into the shared model object."""
+    import functools
+
+    from locals.engine.kernels import mlx_ops_only
+
+    @functools.wraps(run)
+    def wrapped(*args, **kwargs):
+        with mlx_ops_only():
+            return run(*args, **kwargs)
+
+    return wrapped
+
+
 def write_results(name: str, data: dict) -> Path:
     """Write `data` (plus machine info and the command line) as benchmarks/results/<name>-<device>-<time>.json."""
     import mlx.core as mx

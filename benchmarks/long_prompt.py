@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import interleaved, load_pair, no_eos, prompts, summary, write_results  # noqa: E402
+from benchmarks.common import as_peer, interleaved, load_pair, no_eos, prompts, summary, write_results  # noqa: E402
 
 STREAMS = 4
 AFTER = 3  # stream tokens to see after the long prompt's first token before stopping
@@ -75,6 +75,7 @@ def run_locals(engine, streams: list[list[int]], long: list[int]) -> dict:
     return {"ttft_s": long_first[0] - t0, **_gaps(times, t0, long_first[0])}
 
 
+@as_peer
 def run_mlx_lm(model, streams: list[list[int]], long: list[int]) -> dict:
     from mlx_lm.generate import BatchGenerator
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import interleaved, summary, write_results  # noqa: E402
+from benchmarks.common import as_peer, interleaved, summary, write_results  # noqa: E402
 
 SHAPES = ["circle", "square", "triangle", "hexagon", "ellipse", "rectangle", "pentagon", "rhombus"]
 
@@ -83,6 +83,7 @@ def run_locals(engine, prompt: list[int], tokens: int) -> dict:
             "acceptance": accepted / drafted if drafted else 0.0, "accepted": accepted}
 
 
+@as_peer
 def run_mlx_lm(model, tokenizer, prompt: list[int], tokens: int) -> dict:
     import mlx.core as mx
     from mlx_lm.generate import stream_generate

@@ -37,7 +37,7 @@ class SlicedWork:
 
 
 def test_idle_work_yields_to_requests_and_finishes_after(tiny_llama):
-    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0))
+    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, idle_work_after_s=0))
     work = SlicedWork(total=200)  # ~4 s of work
     engine.idle_work = work
     engine.start()
@@ -62,7 +62,7 @@ def test_failing_idle_work_never_stops_serving(tiny_llama):
     def broken(interrupted):
         raise RuntimeError("boom")
 
-    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0))
+    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, idle_work_after_s=0))
     engine.idle_work = broken
     engine.start()
     try:
@@ -70,6 +70,30 @@ def test_failing_idle_work_never_stops_serving(tiny_llama):
         rid = c.submit(engine, GenerationRequest([1, 2, 3], SamplingParams(max_tokens=3)))
         c.wait(30)
         assert c.finish(rid).reason == "length" and engine.idle_work is None
+    finally:
+        engine.stop()
+
+
+def test_idle_work_waits_for_a_quiet_period(tiny_llama):
+    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, idle_work_after_s=1.5))
+    work = SlicedWork(total=5)
+    engine.idle_work = work
+    engine.start()
+    try:
+        # Requests 0.5 s apart (an agent's turns): the work never starts between them.
+        for _ in range(4):
+            c = Collector()
+            rid = c.submit(engine, GenerationRequest([1, 2, 3], SamplingParams(max_tokens=2)))
+            c.wait(30)
+            assert c.finish(rid).reason == "length"
+            time.sleep(0.5)
+            assert not work.started.is_set()
+        # Quiet for longer than the delay: now it runs to the end.
+        assert work.started.wait(10)
+        deadline = time.time() + 10
+        while engine.idle_work is not None and time.time() < deadline:
+            time.sleep(0.05)
+        assert work.left == 0
     finally:
         engine.stop()
 
@@ -86,11 +110,9 @@ def test_background_tuning_resumes_and_saves_each_slice(locals_home):
     model = _quantized_model()
     work = BackgroundTuning(model, rows=[1, 2])
     assert work.missing == 4  # two layer shapes x two row counts
-    calls = {"n": 0}
 
-    def after_first_pair():  # asked before each (shape, rows) pair: let one through, then stop
-        calls["n"] += 1
-        return calls["n"] > 1
+    def after_first_pair():  # stop as soon as one (shape, rows) pair has its choice
+        return work.table is not None and sum(len(v) for v in work.table.choices.values()) >= 1
 
     assert work(after_first_pair) is True
     saved = load_table()
@@ -98,3 +120,29 @@ def test_background_tuning_resumes_and_saves_each_slice(locals_home):
     assert sum(len(v) for v in saved.choices.values()) == 1
     assert work(lambda: False) is False and work.missing == 0
     assert sum(len(v) for v in load_table().choices.values()) == 4
+
+
+def test_background_verification_is_interruptible_and_done_once(locals_home, monkeypatch):
+    from locals.engine.kernels import background
+
+    model = _quantized_model()
+    screened = []
+    real_screen = background.screen
+
+    def counting_screen(candidates, problems, table, *a, **k):
+        screened.extend(c.name for c in candidates)
+        return real_screen(candidates, problems, table, *a, **k)
+
+    monkeypatch.setattr(background, "screen", counting_screen)
+    work = BackgroundTuning(model, rows=[1])
+    asks = {"n": 0}
+
+    def after_one_candidate():  # asked before each candidate: let one through, then stop
+        asks["n"] += 1
+        return asks["n"] > 1
+
+    assert work(after_one_candidate) is True
+    assert len(screened) == 1 and work.missing == 2  # one candidate verified, nothing timed yet
+    assert work(lambda: False) is False and work.missing == 0
+    # Every candidate was verified exactly once across the two slices.
+    assert len(screened) == len(set(screened)) >= 2

@@ -207,10 +207,13 @@ def test_engine_settings_from_the_environment(monkeypatch):
     monkeypatch.setenv("LOCALS_PREFIX_CACHE_MB", "64")
     monkeypatch.setenv("LOCALS_MAX_BATCH", "5")
     monkeypatch.setenv("LOCALS_SPECULATE", "off")
+    monkeypatch.setenv("LOCALS_KERNELS", "0")
     config = config_from_env()
     assert (config.kv_budget_bytes, config.prefix_cache_bytes) == (300 * 2**20, 64 * 2**20)
-    assert config.max_batch == 5 and config.speculate is False
-    for name in ("LOCALS_KV_BUDGET_MB", "LOCALS_PREFIX_CACHE_MB", "LOCALS_MAX_BATCH", "LOCALS_SPECULATE"):
+    assert config.max_batch == 5 and config.speculate is False and config.tuned_kernels is False
+    for name in ("LOCALS_KV_BUDGET_MB", "LOCALS_PREFIX_CACHE_MB", "LOCALS_MAX_BATCH", "LOCALS_SPECULATE",
+                 "LOCALS_KERNELS"):
         monkeypatch.delenv(name)
     default = config_from_env()
-    assert default.speculate is True and default.prefix_cache_bytes >= 256 * 2**20
+    assert default.speculate is True and default.tuned_kernels is True
+    assert default.prefix_cache_bytes >= 256 * 2**20

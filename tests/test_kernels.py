@@ -191,6 +191,24 @@ def test_tuned_linear_routes_by_row_count():
     assert tuned_linear(nn.Linear(8, 8), None) is not None
 
 
+def test_mlx_ops_only_bypasses_tuned_kernels_while_active():
+    from locals.engine.kernels import mlx_ops_only
+
+    layer = _quantized_mlp().layers[0]
+    calls = []
+
+    def kernel(x, *args):
+        calls.append(x.shape)
+        return mx.zeros((x.shape[0], 192), dtype=x.dtype)
+
+    kernel.name = "spy"
+    tuned = TunedQuantizedLinear(layer, {3: kernel})
+    x = mx.random.normal((3, 128))
+    with mlx_ops_only():
+        assert mx.array_equal(tuned(x), layer(x)) and calls == []
+    assert mx.array_equal(tuned(x), mx.zeros((3, 192))) and calls == [(3, 128)]
+
+
 def test_model_problems_lists_distinct_layer_shapes():
     problems = model_problems(_quantized_mlp())
     assert {p.key for p in problems} == {"q4-g64-float32-192x128", "q4-g64-float32-64x192"}

@@ -34,14 +34,14 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
         key = model_key(loaded.model_id, loaded.tokenizer, revision=loaded.info.get("revision", ""))
         cache = TieredPrefixCache(memory, DiskPrefixStore(cache_dir() / "prompts", key, disk_cache_bytes))
     engine = Engine(loaded, config, prefix_cache=cache, guards=[repetition_guard_factory(repetition)])
-    engine.idle_work = _background_tuning(loaded)
+    engine.idle_work = _background_tuning(loaded) if config.tuned_kernels else None
     _warm_constraints(loaded)
     return engine
 
 
 def config_from_env() -> EngineConfig:
     """EngineConfig with the LOCALS_* engine settings of the environment applied (for `serve`, `start`):
-    KV_BUDGET_MB, PREFIX_CACHE_MB, MAX_BATCH, SPECULATE."""
+    KV_BUDGET_MB, PREFIX_CACHE_MB, MAX_BATCH, SPECULATE, KERNELS."""
     config = EngineConfig()
     if os.environ.get("LOCALS_KV_BUDGET_MB"):
         config.kv_budget_bytes = int(float(os.environ["LOCALS_KV_BUDGET_MB"]) * 2**20)
@@ -49,9 +49,15 @@ def config_from_env() -> EngineConfig:
         config.prefix_cache_bytes = int(float(os.environ["LOCALS_PREFIX_CACHE_MB"]) * 2**20)
     if os.environ.get("LOCALS_MAX_BATCH"):
         config.max_batch = int(os.environ["LOCALS_MAX_BATCH"])
-    if os.environ.get("LOCALS_SPECULATE", "").strip().lower() in ("0", "false", "off", "no"):
+    if _off(os.environ.get("LOCALS_SPECULATE", "")):
         config.speculate = False
+    if _off(os.environ.get("LOCALS_KERNELS", "")):
+        config.tuned_kernels = False
     return config
+
+
+def _off(value: str) -> bool:
+    return value.strip().lower() in ("0", "false", "off", "no")
 
 
 def _background_tuning(loaded):

@@ -105,7 +105,15 @@ def run_locals(engine, prompts: list[list[int]], max_tokens: int) -> dict:
 
 
 def run_mlx_lm(model, prompts: list[list[int]], max_tokens: int) -> dict:
-    """One batch through mlx-lm's BatchGenerator on `model`."""
+    """One batch through mlx-lm's BatchGenerator on `model`, with MLX's own matmuls even
+    where the engine swapped in tuned kernels (the same model object serves both)."""
+    from locals.engine.kernels import mlx_ops_only
+
+    with mlx_ops_only():
+        return _run_mlx_lm(model, prompts, max_tokens)
+
+
+def _run_mlx_lm(model, prompts: list[list[int]], max_tokens: int) -> dict:
     from mlx_lm.generate import BatchGenerator
 
     gen = BatchGenerator(model, max_tokens=max_tokens, completion_batch_size=max(32, len(prompts)))

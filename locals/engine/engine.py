@@ -72,9 +72,9 @@ class Engine:
                  guards: list[GuardFactory] | tuple = ()):
         self.loaded = loaded
         self.model = loaded.model
-        self.patched_layers = _patch_kernels(loaded)
-        self.tokenizer = loaded.tokenizer
         self.config = config or EngineConfig()
+        self.patched_layers = _patch_kernels(loaded) if self.config.tuned_kernels else 0
+        self.tokenizer = loaded.tokenizer
         self.kv_budget = self.config.resolved_kv_budget()
         self.bytes_per_token = kv_bytes_per_token(self.model)
         if prefix_cache is None:
@@ -204,16 +204,19 @@ class Engine:
         with mx.stream(mx.new_stream(mx.default_device())):
             launched: Launched | None = None
             busy = False
+            idle_since = time.monotonic()
             while not self._stopping.is_set():
                 idle = launched is None and not self._active and not self._waiting
                 if idle and busy:
                     # Once the last request is gone, give freed memory back so the server
                     # returns to its idle size between bursts of agents.
                     release_memory()
+                    idle_since = time.monotonic()
                 busy = not idle
-                if idle and self._inbox.empty() and self.idle_work is not None:
+                quiet = time.monotonic() - idle_since >= self.config.idle_work_after_s
+                if idle and quiet and self._inbox.empty() and self.idle_work is not None:
                     self._run_idle_work()
-                self._drain(block=idle and self.idle_work is None)
+                self._drain(block=idle and (self.idle_work is None or not quiet))
                 self._admit()
                 if launched is not None and self._must_sync():
                     self._process(launched)
@@ -255,7 +258,7 @@ class Engine:
 
     def _drain(self, block: bool) -> None:
         try:
-            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            item = self._inbox.get(timeout=0.25) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
         while True:

@@ -35,6 +35,12 @@ class EngineConfig:
     # Draft only while at most this many rows decode: past it the batch is compute-bound
     # and extra verified positions cost more than they save.
     speculate_max_rows: int = 8
+    # Background work (kernel tuning on an untuned GPU) starts only after this many seconds
+    # without a request: agents send their next turn within moments of a reply.
+    idle_work_after_s: float = 5.0
+    # Route small-batch quantized matmuls to this chip's tuned kernels (and tune them while
+    # idle on an untuned GPU); False keeps MLX's own ops everywhere.
+    tuned_kernels: bool = True
 
     def resolved_kv_budget(self) -> int:
         """The KV budget in bytes, deriving the default from free memory now."""

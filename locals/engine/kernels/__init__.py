@@ -4,6 +4,6 @@ The engine asks `registry.patch_model(model)` after load; layers whose problem h
 verified, faster kernel on this chip and MLX version use it, all others keep MLX's ops.
 """
 
-from locals.engine.kernels.registry import patch_model, tuned_linear
+from locals.engine.kernels.registry import mlx_ops_only, patch_model, tuned_linear
 
-__all__ = ["patch_model", "tuned_linear"]
+__all__ = ["mlx_ops_only", "patch_model", "tuned_linear"]

@@ -1,6 +1,7 @@
 """Tuning on first use: on a GPU whose tuning table lacks the loaded model's layers, the engine
 thread verifies and times the kernels while no request is around (pausing the moment one
 arrives), saves the table after each slice, and swaps in the winners once all are tuned.
+Candidates are verified once per process, one at a time, so a slice never blocks long.
 
 The same work as `locals tune`, run as the engine's idle work; on a CPU there is nothing
 to tune (the engine runs dense weights there).
@@ -11,8 +12,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import mlx.core as mx
+
 from locals.engine.kernels.registry import patch_model
-from locals.engine.kernels.tuning import load_table, model_problems, save_table, tune
+from locals.engine.kernels.tuning import (TuningTable, current_chip, default_candidates, kernels_tag, load_table,
+                                          model_problems, save_table, screen, tune)
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +32,21 @@ class BackgroundTuning:
         self.problems = model_problems(model)
         self.table = load_table()
         self.patched = 0
+        self._unscreened: list | None = None  # candidates not verified yet (None: not started)
+        self._pool: list = []  # candidates that passed verification
+
+    def _screen_step(self, interrupted: Callable[[], bool]) -> bool:
+        """Verify candidates one by one until all are done (True) or `interrupted()` (False)."""
+        if self._unscreened is None:
+            kind, chip = current_chip()
+            if self.table is None:
+                self.table = TuningTable(chip=chip, mlx=mx.__version__, kernels=kernels_tag(kind))
+            self._unscreened = default_candidates(kind)
+        while self._unscreened:
+            if interrupted():
+                return False
+            self._pool += screen([self._unscreened.pop(0)], self.problems, self.table)
+        return True
 
     @property
     def missing(self) -> int:
@@ -40,8 +59,10 @@ class BackgroundTuning:
         if not self.missing:
             return False
         log.info("tuning kernels while idle: %d layer shape x row count pairs left", self.missing)
-        self.table = tune(self.problems, rows=self.rows, table=self.table, pause=interrupted,
-                          rounds=BACKGROUND_ROUNDS)
+        if not self._screen_step(interrupted):
+            return True
+        self.table = tune(self.problems, rows=self.rows, candidates=self._pool, table=self.table,
+                          pause=interrupted, rounds=BACKGROUND_ROUNDS, screened=True)
         save_table(self.table)
         if self.missing:
             return True

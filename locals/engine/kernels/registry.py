@@ -9,12 +9,28 @@ Without a table nothing changes.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from locals.engine.kernels.tuning import MLX_OP, Problem, TuningTable, current_chip, default_candidates, load_table
+
+
+_bypass = {"depth": 0}  # > 0 while mlx_ops_only() is active
+
+
+@contextmanager
+def mlx_ops_only() -> Iterator[None]:
+    """While active, tuned layers run MLX's own op: measures a peer, or locals without
+    kernels, on the same model object side by side (not for concurrent serving)."""
+    _bypass["depth"] += 1
+    try:
+        yield
+    finally:
+        _bypass["depth"] -= 1
 
 
 class TunedQuantizedLinear(nn.QuantizedLinear):
@@ -32,7 +48,7 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
 
     def __call__(self, x: mx.array) -> mx.array:
         kernel = self._routes.get(math.prod(x.shape[:-1]))
-        if kernel is None or x.dtype != self["scales"].dtype:
+        if kernel is None or _bypass["depth"] or x.dtype != self["scales"].dtype:
             return super().__call__(x)
         y = kernel(x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits)
         return y + self["bias"] if "bias" in self else y

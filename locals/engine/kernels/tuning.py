@@ -110,16 +110,20 @@ def default_candidates(kind: str) -> list:
     return [*qmm.candidates(kind), PaddedCandidate(8), DequantizedCandidate()]
 
 
-def measure(fns: dict[str, Callable[[], mx.array]], rounds: int = 7, repeats: int = 20) -> dict[str, list[float]]:
+def measure(fns: dict[str, Callable[[], mx.array]], rounds: int = 7, repeats: int = 20,
+            pause: Callable[[], bool] | None = None) -> dict[str, list[float]] | None:
     """Seconds per call of each function: interleaved rounds, every sample kept.
 
     Each sample evaluates `repeats` independent calls together, because timing only
-    the last of several lazy results would miss the others.
+    the last of several lazy results would miss the others. None when `pause()` turned
+    True between rounds (the samples are incomplete and dropped).
     """
     for fn in fns.values():
         mx.eval(fn())  # compile and warm up outside the samples
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
+        if pause is not None and pause():
+            return None
         for name, fn in fns.items():
             start = time.perf_counter()
             mx.eval([fn() for _ in range(repeats)])
@@ -127,12 +131,16 @@ def measure(fns: dict[str, Callable[[], mx.array]], rounds: int = 7, repeats: in
     return samples
 
 
-def _screen(candidates: list, problems: list[Problem], table: TuningTable,
-            progress: Callable[[str], None], shapes) -> list:
-    """Candidates that pass the full verification sweep for every quantization in `problems`."""
+def screen(candidates: list, problems: list[Problem], table: TuningTable,
+           progress: Callable[[str], None] | None = None, shapes=DEFAULT_SHAPES) -> list:
+    """Candidates that pass the full verification sweep for every quantization in `problems`
+    (failures are recorded in `table.rejected`)."""
+    progress = progress or (lambda _msg: None)
     quants = sorted({(p.bits, p.group_size, p.dtype) for p in problems})
     kept = []
     for cand in candidates:
+        if cand.name in table.rejected:
+            continue
         for bits, group, dtype in quants:
             verdicts = verify(cand, default_cases(bits, group, getattr(mx, dtype), shapes=shapes))
             if verdicts and not passes(verdicts):
@@ -145,8 +153,10 @@ def _screen(candidates: list, problems: list[Problem], table: TuningTable,
     return kept
 
 
-def _tune_one(problem: Problem, rows: int, candidates: list, rounds: int, repeats: int) -> tuple[str, dict]:
-    """The fastest verified choice for one (problem, rows) and the median microseconds of each."""
+def _tune_one(problem: Problem, rows: int, candidates: list, rounds: int, repeats: int,
+              pause: Callable[[], bool] | None = None) -> tuple[str, dict] | None:
+    """The fastest verified choice for one (problem, rows) and the median microseconds of each;
+    None when `pause()` interrupted the timing."""
     dtype = problem.mx_dtype
     usable = [c for c in candidates if c.supports(rows, problem.bits, problem.group_size, dtype, dtype)]
     case = Case(rows, problem.n, problem.k, problem.bits, problem.group_size, dtype)
@@ -155,7 +165,10 @@ def _tune_one(problem: Problem, rows: int, candidates: list, rounds: int, repeat
     args = (x, w, scales, biases, problem.group_size, problem.bits)
     fns = {MLX_OP: lambda: quantized_matmul(*args)}
     fns.update({c.name: (lambda c=c: c(*args)) for c in usable})
-    medians = {name: statistics.median(s) * 1e6 for name, s in measure(fns, rounds, repeats).items()}
+    samples = measure(fns, rounds, repeats, pause)
+    if samples is None:
+        return None
+    medians = {name: statistics.median(s) * 1e6 for name, s in samples.items()}
     best = min(medians, key=medians.get)
     choice = best if medians[best] < medians[MLX_OP] * (1 - MARGIN) else MLX_OP
     return choice, {name: round(us, 2) for name, us in medians.items()}
@@ -164,17 +177,19 @@ def _tune_one(problem: Problem, rows: int, candidates: list, rounds: int, repeat
 def tune(problems: list[Problem], rows: range | list[int] = range(1, qmm.MAX_ROWS + 1), candidates=None,
          table: TuningTable | None = None, pause: Callable[[], bool] | None = None,
          progress: Callable[[str], None] | None = None, rounds: int = 7, repeats: int = 20,
-         screen_shapes=DEFAULT_SHAPES) -> TuningTable:
+         screen_shapes=DEFAULT_SHAPES, screened: bool = False) -> TuningTable:
     """Tune every (problem, rows) not yet in `table`; stops early (complete=False) when `pause()`.
 
-    Candidates are first screened on `screen_shapes` (odd sizes) for every quantization.
+    Candidates are first screened on `screen_shapes` (odd sizes) for every quantization,
+    unless `screened` says `candidates` already passed `screen`.
     """
     kind, chip = current_chip()
     progress = progress or (lambda _msg: None)
     if table is None:
         table = TuningTable(chip=chip, mlx=mx.__version__, kernels=kernels_tag(kind))
-    pool = _screen(default_candidates(kind) if candidates is None else candidates, problems, table, progress,
-                   screen_shapes)
+    pool = default_candidates(kind) if candidates is None else candidates
+    if not screened:
+        pool = screen(pool, problems, table, progress, screen_shapes)
     for problem in problems:
         done = table.choices.setdefault(problem.key, {})
         for m in rows:
@@ -182,7 +197,10 @@ def tune(problems: list[Problem], rows: range | list[int] = range(1, qmm.MAX_ROW
                 continue
             if pause is not None and pause():
                 return table
-            choice, timings = _tune_one(problem, m, pool, rounds, repeats)
+            tuned = _tune_one(problem, m, pool, rounds, repeats, pause)
+            if tuned is None:
+                return table
+            choice, timings = tuned
             done[str(m)] = choice
             table.timings_us.setdefault(problem.key, {})[str(m)] = timings
             progress(f"{problem.key} M={m}: {choice} ({timings[choice]:.1f} us, mlx {timings[MLX_OP]:.1f} us)")

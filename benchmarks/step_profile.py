@@ -1,0 +1,111 @@
+"""Where a decode step's time goes in locals' engine: Python building the step's graph
+(launch), waiting for the device (wait) and Python reading the tokens back (process),
+per batch size, with and without tuned kernels.
+
+With pipelining, the device runs step n while Python builds step n+1: a step is
+host-bound when `wait` is near zero (the device idles), device-bound when `wait` is most
+of the step.
+    python benchmarks/step_profile.py --random-model qwen3-4b --batches 1,4,8,16,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+
+from benchmarks.common import load_pair, no_eos, prompts, write_results  # noqa: E402
+from locals.engine.bench import run_locals  # noqa: E402
+from locals.engine.step import StepRunner  # noqa: E402
+
+
+class StepClock:
+    """Wraps a StepRunner's launch/process to time each phase of every step."""
+
+    def __init__(self, runner: StepRunner):
+        self.samples: dict[str, list[float]] = {"launch": [], "wait": [], "process": []}
+        self.marks: list[float] = []
+        launch, process = runner.launch, runner.process
+
+        def timed_launch(slots):
+            t = time.perf_counter()
+            out = launch(slots)
+            self.samples["launch"].append(time.perf_counter() - t)
+            return out
+
+        def timed_process(step):
+            t = time.perf_counter()
+            if step.sampled is not None:
+                mx.eval(step.sampled.tokens)
+            t1 = time.perf_counter()
+            out = process(step)
+            t2 = time.perf_counter()
+            self.samples["wait"].append(t1 - t)
+            self.samples["process"].append(t2 - t1)
+            self.marks.append(t2)
+            return out
+
+        runner.launch, runner.process = timed_launch, timed_process
+
+    def reset(self) -> None:
+        for v in self.samples.values():
+            v.clear()
+        self.marks.clear()
+
+    def report(self) -> dict:
+        """Median milliseconds per phase, and per step (between consecutive reads)."""
+        gaps = [b - a for a, b in zip(self.marks, self.marks[1:])]
+        out = {k: round(statistics.median(v) * 1e3, 3) for k, v in self.samples.items() if v}
+        out["step"] = round(statistics.median(gaps) * 1e3, 3) if gaps else None
+        out["steps"] = len(self.marks)
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--random-model", default=None, help="qwen3-4b on a GPU; qwen3-tiny tries it on a CPU")
+    ap.add_argument("--batches", default="1,4,8,16,32")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    args = ap.parse_args()
+
+    from locals.engine.engine import Engine
+    from locals.engine.kernels import mlx_ops_only
+    from locals.engine.settings import EngineConfig
+
+    ours, _theirs, label = load_pair(args.random_model)
+    ours = no_eos(ours)
+    engine = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
+    clock = StepClock(engine.runner)
+    engine.start()
+    rows = []
+    try:
+        for batch in [int(b) for b in args.batches.split(",")]:
+            ps = prompts(ours.tokenizer, batch, args.prompt_len, seed=batch)
+            row = {"batch": batch}
+            for name, bypass in (("tuned", False), ("mlx-ops", True)):
+                if bypass and not engine.patched_layers:
+                    continue
+                with mlx_ops_only() if bypass else contextlib.nullcontext():
+                    run_locals(engine, ps, 8)  # warm-up: shapes compiled
+                    clock.reset()
+                    result = run_locals(engine, ps, args.tokens)
+                row[name] = {**clock.report(), "decode_tps": round(result["decode_tps"], 1)}
+            rows.append(row)
+            print(f"B={batch:3d} " + "  ".join(f"{k}: {v}" for k, v in row.items() if k != "batch"), flush=True)
+    finally:
+        engine.stop()
+    path = write_results("step_profile", {"model": label, "tokens": args.tokens, "rows": rows,
+                                          "tuned_layers": engine.patched_layers, "argv": sys.argv[1:]})
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
