@@ -88,7 +88,7 @@ class Server:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(30)
+                self.proc.wait(70)  # the server finishes prompt-cache disk writes (up to 60 s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 

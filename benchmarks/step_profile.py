@@ -1,6 +1,6 @@
 """Where a decode step's time goes in locals' engine: Python building the step's graph
 (launch), waiting for the device (wait) and Python reading the tokens back (process),
-per batch size, with and without tuned kernels.
+per batch size; as shipped, without compiled layers, and without tuned kernels (if tuned).
 
 With pipelining, the device runs step n while Python builds step n+1: a step is
 host-bound when `wait` is near zero (the device idles), device-bound when `wait` is most
@@ -68,6 +68,22 @@ class StepClock:
         return out
 
 
+@contextlib.contextmanager
+def variant(name: str):
+    """locals as shipped; without compiled layer graphs; or with MLX's own matmuls only."""
+    from locals.engine import forward
+    from locals.engine.kernels import mlx_ops_only
+
+    limit = forward.COMPILE_MAX_TOKENS
+    if name == "no-compile":
+        forward.COMPILE_MAX_TOKENS = 0
+    try:
+        with mlx_ops_only() if name == "mlx-ops" else contextlib.nullcontext():
+            yield
+    finally:
+        forward.COMPILE_MAX_TOKENS = limit
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--random-model", default=None, help="qwen3-4b on a GPU; qwen3-tiny tries it on a CPU")
@@ -77,7 +93,6 @@ def main() -> None:
     args = ap.parse_args()
 
     from locals.engine.engine import Engine
-    from locals.engine.kernels import mlx_ops_only
     from locals.engine.settings import EngineConfig
 
     ours, _theirs, label = load_pair(args.random_model)
@@ -90,10 +105,10 @@ def main() -> None:
         for batch in [int(b) for b in args.batches.split(",")]:
             ps = prompts(ours.tokenizer, batch, args.prompt_len, seed=batch)
             row = {"batch": batch}
-            for name, bypass in (("tuned", False), ("mlx-ops", True)):
-                if bypass and not engine.patched_layers:
+            for name in ("locals", "no-compile", "mlx-ops"):
+                if name == "mlx-ops" and not engine.patched_layers:
                     continue
-                with mlx_ops_only() if bypass else contextlib.nullcontext():
+                with variant(name):
                     run_locals(engine, ps, 8)  # warm-up: shapes compiled
                     clock.reset()
                     result = run_locals(engine, ps, args.tokens)

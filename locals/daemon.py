@@ -29,6 +29,8 @@ from locals.config import (DEFAULT_HOST, Remembered, load_remembered, log_dir, s
 from locals.errors import LocalsError
 
 START_TIMEOUT_S = 900  # first start may download a model
+# A stopping server first finishes its prompt-cache disk writes (up to 60 s).
+STOP_TIMEOUT_S = 70
 LOG_ROTATE_BYTES = 20 << 20
 # Environment a service manager must pass on (it does not inherit the caller's).
 PASSED_ENV = ("LOCALS_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT",
@@ -204,7 +206,7 @@ def _launch_systemd(record: ServerRecord, cmd: list[str]) -> None:
     subprocess.run(["systemctl", "--user", "reset-failed", record.unit], capture_output=True)
     args = ["systemd-run", "--user", f"--unit={record.unit}", "--collect", "--quiet",
             f"--property=StandardOutput=append:{record.log}",
-            f"--property=StandardError=append:{record.log}"]
+            f"--property=StandardError=append:{record.log}", f"--property=TimeoutStopSec={STOP_TIMEOUT_S}"]
     args += [f"--setenv={k}={v}" for k, v in _passed_env().items()]
     done = subprocess.run(args + cmd, capture_output=True, text=True)
     if done.returncode:
@@ -221,7 +223,8 @@ def _launch_launchd(record: ServerRecord, cmd: list[str]) -> None:
     path.write_bytes(plistlib.dumps({
         "Label": record.label, "ProgramArguments": cmd, "RunAtLoad": True, "KeepAlive": False,
         "EnvironmentVariables": _passed_env(), "StandardOutPath": record.log,
-        "StandardErrorPath": record.log, "ProcessType": "Interactive"}))
+        "StandardErrorPath": record.log, "ProcessType": "Interactive",
+        "ExitTimeOut": STOP_TIMEOUT_S}))
     domain = f"gui/{os.getuid()}"
     subprocess.run(["launchctl", "bootout", f"{domain}/{record.label}"], capture_output=True)
     done = subprocess.run(["launchctl", "bootstrap", domain, str(path)], capture_output=True, text=True)
@@ -332,7 +335,7 @@ def _terminate(pid: int, timeout: float) -> None:
         pass
 
 
-def stop(port: int | None = None, timeout: float = 30) -> bool:
+def stop(port: int | None = None, timeout: float = STOP_TIMEOUT_S) -> bool:
     """Stop the server on `port` (default: the remembered one); False if none was running
     (a stale record is removed all the same)."""
     port = port or load_remembered().port

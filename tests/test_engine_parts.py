@@ -3,10 +3,15 @@ step scheduler's token budget, device-side masks/sampling, the ragged forward pa
 
 from __future__ import annotations
 
-import mlx.core as mx
-import numpy as np
+import functools
 
-from locals.engine.forward import RowInput, forward
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from locals.engine.forward import CompiledBlocks, RowInput, forward
+from locals.engine.forward import forward as forward_pass
 from locals.engine.kv import DecodeBatch, RowKV
 from locals.engine.prefix_cache import MemoryPrefixCache, NoPrefixCache
 from locals.engine.sampling import RowSampling, apply_masks, sample
@@ -129,12 +134,15 @@ def _plain_last_logits(model, tokens: list[int]) -> mx.array:
     return model(mx.array(tokens)[None])[0, -1]
 
 
-def test_decode_batch_forward_matches_plain_model(tiny_llama):
+@pytest.mark.parametrize("compile_layers", [False, True], ids=["plain", "compiled"])
+def test_decode_batch_forward_matches_plain_model(tiny_llama, compile_layers):
     model = tiny_llama.model
     n_layers = len(model.layers)
     batch = DecodeBatch(n_layers)
     seqs = [list(range(10, 10 + n)) for n in (5, 9, 3)]
     kvs = [RowKV(n_layers, batch) for _ in seqs]
+    compiled = CompiledBlocks() if compile_layers else None
+    forward = functools.partial(forward_pass, compiled=compiled)
     forward(model, [RowInput(mx.array(s[:-1]), len(s) - 1, kv, False) for s, kv in zip(seqs, kvs)])
     assert not any(kv.resident for kv in kvs)  # prompt chunks stay in the rows' own caches
 
@@ -167,6 +175,24 @@ def test_decode_batch_forward_matches_plain_model(tiny_llama):
     kvs[1].release()
     kvs[2].release()
     assert batch.members == [] and batch.keys == [] and batch.nbytes == 0
+
+
+def test_compiled_layers_are_traced_again_when_modules_or_kernel_mode_change(tiny_llama):
+    from locals.engine.kernels import mlx_ops_only
+
+    layer = tiny_llama.model.model.layers[0]
+    blocks = CompiledBlocks()
+    project, finish = blocks.project(0, layer), blocks.finish(0, layer)
+    assert blocks.project(0, layer) is project and blocks.finish(0, layer) is finish
+    with mlx_ops_only():  # a trace that routed to a tuned kernel must not serve this mode
+        assert blocks.project(0, layer) is not project and blocks.finish(0, layer) is not finish
+    old = layer.self_attn.q_proj
+    try:
+        layer.self_attn.q_proj = nn.Linear(old.weight.shape[1], old.weight.shape[0], bias=False)
+        assert blocks.project(0, layer) is not project  # patching swapped the module
+        assert blocks.finish(0, layer) is finish
+    finally:
+        layer.self_attn.q_proj = old
 
 
 def test_decode_batch_grows_past_a_block(tiny_llama):

@@ -3,21 +3,24 @@
 One file per prefix under `<cache dir>/prompts/<model key>/`: a magic line, a JSON header
 (model key, tokens, per-layer shapes and dtype), the raw K/V bytes, then a SHA-256 over the
 SHA-256s of everything before it in 16 MiB chunks (so a load checks the chunks on all cores
-at once: a 16k-token prompt of a 4B model is a 2.4 GB file). Files are written by a background thread to a temp name and
-renamed into place; a file that is truncated, tampered with or made for another model
-or tokenizer fails its checks and is deleted, never loaded. Total size is bounded; the
-least recently used files go first.
+at once: a 16k-token prompt of a 4B model is a 2.4 GB file). `save` only records the
+prefix's arrays; the MLX thread copies them to host memory in bounded slices (`pump`), and
+a background thread then hashes and writes them to a temp name renamed into place. A file
+that is truncated, tampered with or made for another model or tokenizer fails its checks
+and is deleted, never loaded. Total size is bounded; the least recently used files go first.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import mmap
 import os
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,7 @@ import numpy as np
 
 from locals.engine.kv import LayerKV
 
+log = logging.getLogger(__name__)
 MAGIC = b"LOCALS-KV-2\n"  # 2: chunked digest (files of version 1 fail the check and go)
 CHUNK = 16 << 20
 _DTYPES = {"float32": (mx.float32, np.float32, None), "float16": (mx.float16, np.float16, None),
@@ -145,6 +149,75 @@ def decode(data, key: str) -> tuple[list[int], list[LayerKV]] | None:
     return header["tokens"], kv
 
 
+class HostCopy:
+    """One saved prefix on its way to host memory: its MLX arrays copied a bounded slice at a time.
+
+    `copy` runs on the MLX thread only (an array is read through a zero-copy numpy view of
+    its buffer, which evaluates it). The host buffers are allocated and touched beforehand
+    by `prepare` on a plain thread: first-touch page faults cost more than the copy itself
+    (16 MiB: ~35 ms into fresh pages, ~1 ms into touched ones, on a 2-core VM).
+    """
+
+    def __init__(self, tokens: list[int], kv: list[LayerKV], dtype: str):
+        self.tokens, self.dtype = tokens, dtype
+        _, _, view = _DTYPES[dtype]
+        # numpy has no bfloat16: read its bits as uint16 (the file stores the raw bytes).
+        self._sources = [a.view(view) if view is not None else a for pair in kv for a in pair]
+        # The slices and views are copy-free; queued behind the step in flight rather than
+        # waited for here, they are ready (no stream sync) when `copy` reads them.
+        mx.async_eval(self._sources)
+        self._shapes = [tuple(a.shape) for a in self._sources]
+        self.left = sum(a.nbytes for a in self._sources)
+        self.ready = threading.Event()
+        self.failed = False
+        self._host: list[np.ndarray] = []
+        self._index, self._row = 0, 0
+        self._src: np.ndarray | None = None  # (rows, tokens, width) view of the array being copied
+
+    def prepare(self) -> None:
+        """Allocate the host arrays and touch their pages (numpy only; releases the GIL)."""
+        try:
+            np_dtype = _DTYPES[self.dtype][1]
+            for shape in self._shapes:
+                self._host.append(np.empty(shape, np_dtype))
+                self._host[-1].fill(0)
+        except Exception:  # out of memory: the save is dropped, `pump` must not wait forever
+            self.failed = True
+            self._host.clear()
+        self.ready.set()
+
+    def copy(self, budget: float) -> int:
+        """Copy about `budget` bytes (whole token rows, at least one); the bytes copied."""
+        copied = 0
+        while copied < budget and self.left:
+            if self._src is None:
+                self._start()
+            dst = self._host[self._index].reshape(self._src.shape)  # a view of the host array
+            heads, n, width = self._src.shape
+            h, t = divmod(self._row, n)
+            rows = (budget - copied) // (width * self._src.itemsize)
+            if rows < 1 and copied:
+                break  # never past the budget, except by the one row a tiny budget still copies
+            take = int(max(1, min(n - t, rows)))
+            dst[h, t:t + take] = self._src[h, t:t + take]
+            self._row += take
+            nbytes = take * width * self._src.itemsize
+            copied, self.left = copied + nbytes, self.left - nbytes
+            if self._row == heads * n:
+                self._src = None  # drops this array's MLX buffer reference
+                self._index, self._row = self._index + 1, 0
+        return copied
+
+    def _start(self) -> None:
+        array, self._sources[self._index] = self._sources[self._index], None  # the view keeps it
+        src = np.asarray(array)  # zero-copy, strided over the stored entry's buffer
+        self._src = src.reshape(-1, src.shape[-2], src.shape[-1])  # a view: leading axes (1, heads)
+
+    def host(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The host arrays as (K, V) per layer, once `left` is 0."""
+        return list(zip(self._host[0::2], self._host[1::2]))
+
+
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     diff = np.flatnonzero(a[:n] != b[:n])
@@ -161,6 +234,8 @@ class DiskPrefixStore:
         self.entries: dict[str, DiskEntry] = {}
         self._queued: dict[str, np.ndarray] = {}  # tokens of writes not on disk yet
         self._lock = threading.Lock()
+        self._copies: deque[HostCopy] = deque()  # saved, not yet in host memory
+        self._owner: int | None = None  # the thread that saves (owns MLX) and pumps
         self._queue: queue.Queue = queue.Queue()
         self._scan()
         threading.Thread(target=self._writer, name="locals-kv-writer", daemon=True).start()
@@ -218,21 +293,73 @@ class DiskPrefixStore:
         return max((_common_prefix(t, query) for t in stored), default=0)
 
     def save(self, tokens: list[int], kv: list[LayerKV]) -> None:
-        """Queue a write of this prefix (call on the MLX thread; arrays are copied to host here)."""
+        """Queue a write of this prefix: only records it, nothing is copied here.
+
+        Call on the MLX thread, then `pump` there until `pending_copy_bytes` is 0 (or
+        `flush` there); the stored arrays must not change afterwards (prefix-cache entries
+        never do).
+        """
         if len(tokens) < self.min_tokens or self.covered(tokens) == len(tokens):
             return  # too short to be worth a file, or already inside a stored or queued one
-        dtype = str(kv[0][0].dtype).removeprefix("mlx.core.")
-        _, _, view = _DTYPES[dtype]
-        host = [tuple(np.array(a.view(view) if view is not None else a) for a in pair) for pair in kv]
+        if sum(a.nbytes for pair in kv for a in pair) > self.budget_bytes:
+            return  # could never be kept: not worth a copy
+        self._owner = threading.get_ident()
         with self._lock:
             self._queued[self.name_of(tokens)] = np.asarray(tokens, np.int64)
-        self._queue.put((list(tokens), host, dtype))
+        job = HostCopy(list(tokens), kv, str(kv[0][0].dtype).removeprefix("mlx.core."))
+        self._copies.append(job)
+        threading.Thread(target=job.prepare, name="locals-kv-alloc", daemon=True).start()
 
-    def flush(self, timeout: float = 30.0) -> None:
-        """Wait until queued writes are on disk (tests, shutdown)."""
+    def pump(self, budget_bytes: int | None) -> bool:
+        """Copy up to `budget_bytes` (None: all, waiting for buffers) of saved prefixes to host
+        memory on the calling (MLX) thread; finished ones go to the writer thread. True while
+        copying can go on now (False too while the next one's buffers are being prepared)."""
+        budget = float("inf") if budget_bytes is None else budget_bytes
+        while self._copies and budget > 0:
+            job = self._copies[0]
+            if budget_bytes is None:
+                job.ready.wait()
+            elif not job.ready.is_set():
+                return False
+            try:
+                if job.failed:
+                    raise MemoryError("no host memory for a copy of this prefix")
+                budget -= job.copy(budget)
+            except Exception:  # a failed save must never take the engine down
+                log.exception("copying a prompt-cache prefix to host memory failed; not saved")
+                self._copies.popleft()
+                self._forget_queued(job.tokens)
+                continue
+            if job.left:
+                break  # the budget is spent (down to less than a row)
+            self._copies.popleft()
+            self._queue.put((job.tokens, job.host(), job.dtype))
+        return bool(self._copies)
+
+    @property
+    def pending_copy_bytes(self) -> int:
+        """Bytes saved but not yet copied to host memory."""
+        return sum(job.left for job in list(self._copies))
+
+    @property
+    def pending(self) -> int:
+        """Saves not yet on disk (being copied, queued or being written)."""
+        return len(self._copies) + self._queue.unfinished_tasks
+
+    def flush(self, timeout: float = 30.0) -> tuple[int, int]:
+        """Wait until saved prefixes are on disk; (written meanwhile, still pending at the timeout).
+
+        On the thread that saves, copies what is left first; from any other thread it waits
+        for that thread's `pump` (an engine stopping pumps everything before it exits).
+        """
+        if threading.get_ident() == self._owner:
+            self.pump(None)
+        before = self.pending
         deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+        while self.pending and time.monotonic() < deadline:
             time.sleep(0.01)
+        left = self.pending
+        return max(0, before - left), left
 
     def _writer(self) -> None:
         while True:
@@ -242,14 +369,15 @@ class DiskPrefixStore:
             except OSError:
                 pass  # a full disk must never take the engine down; the prefix stays in memory
             finally:
-                with self._lock:
-                    self._queued.pop(self.name_of(tokens), None)
+                self._forget_queued(tokens)
                 self._queue.task_done()
+
+    def _forget_queued(self, tokens: list[int]) -> None:
+        with self._lock:
+            self._queued.pop(self.name_of(tokens), None)
 
     def _write(self, tokens, host, dtype) -> None:
         name = self.name_of(tokens)
-        if sum(a.nbytes for pair in host for a in pair) > self.budget_bytes:
-            return
         final, tmp = self.dir / f"{name}.kv", self.dir / f"{name}.{os.getpid()}.tmp"
         size = _write_file(tmp, self.key, tokens, host, dtype)
         os.replace(tmp, final)

@@ -22,7 +22,7 @@ import mlx.core as mx
 from locals.engine.backend import release_memory
 from locals.engine.admission import ADMIT, WAIT, Admission, KVBudgetAdmission
 from locals.engine.guards import GuardFactory, make_guards
-from locals.engine.forward import supports_ragged
+from locals.engine.forward import CompiledBlocks, supports_ragged
 from locals.engine.kv import DecodeBatch, RowKV, kv_bytes_per_token
 from locals.engine.lookup import DraftPolicy
 from locals.engine.prefix_cache import MemoryPrefixCache, NoPrefixCache, PrefixCache
@@ -36,6 +36,9 @@ from locals.protocol import EngineStats, Event, FinishEvent, GenerationRequest, 
 
 log = logging.getLogger(__name__)
 Sink = Callable[[Event], None]
+# How long stop() waits for the prompt cache's pending disk writes (a 16k-token system
+# prompt of a 4B model is a 2.4 GB file); whatever is left then is lost, not corrupted.
+FLUSH_TIMEOUT_S = 60.0
 
 
 def _safe(sink: Sink, request_id: str) -> Sink:
@@ -103,6 +106,7 @@ class Engine:
         # idle_work(interrupted) -> True while more remains; it must return soon after
         # interrupted() turns True. Set before start().
         self.idle_work: Callable[[Callable[[], bool]], bool] | None = None
+        self._pump = getattr(self.prefix_cache, "pump", None)  # caches with a disk tier
 
     # --- public surface -------------------------------------------------------------------
 
@@ -122,8 +126,10 @@ class Engine:
         self._inbox.put(("wake",))
         self._thread.join()
         self._thread = None
-        # MLX objects left in reference cycles by the engine thread must go while MLX is
-        # alive: collected during interpreter shutdown they abort the process.
+        # MLX objects left in reference cycles by the engine thread, and its compiled
+        # graphs, must go while MLX is alive: freed during interpreter shutdown they abort
+        # the process.
+        self.runner.compiled = CompiledBlocks()
         gc.collect()
         self._drain(block=False)
         for seq in self._active:
@@ -132,6 +138,11 @@ class Engine:
             sink(FinishEvent(request.id, "cancelled", Usage(len(request.prompt_tokens)), "engine stopped"))
         self._active.clear()
         self._waiting.clear()
+        flush = getattr(self.prefix_cache, "flush", None)  # the disk tier, where there is one
+        if flush is not None:
+            written, abandoned = flush(FLUSH_TIMEOUT_S)
+            if written or abandoned:
+                log.info("prompt cache: %d disk write(s) finished at stop, %d abandoned", written, abandoned)
 
     def submit(self, request: GenerationRequest, sink: Sink) -> None:
         """Queue `request`; `sink` is called on the engine thread with its events."""
@@ -216,7 +227,10 @@ class Engine:
                 quiet = time.monotonic() - idle_since >= self.config.idle_work_after_s
                 if idle and quiet and self._inbox.empty() and self.idle_work is not None:
                     self._run_idle_work()
-                self._drain(block=idle and (self.idle_work is None or not quiet))
+                # A bounded slice of the prompt cache's copy to host for disk (never a whole
+                # prefix in one go: every running stream would stall on it).
+                copying = self._pump is not None and self._pump(idle)
+                self._drain(block=idle and not copying and (self.idle_work is None or not quiet))
                 self._admit()
                 if launched is not None and self._must_sync():
                     self._process(launched)
@@ -233,8 +247,13 @@ class Engine:
                 self._reap()
             if launched is not None:
                 self._process(launched)
+            if self._pump is not None:
+                self._pump(True, everything=True)  # every saved prefix to the disk writer; stop() waits
             # Leave no queued device work behind this thread (MLX aborts at exit otherwise).
             mx.synchronize()
+            # Compiled graphs were traced on this thread's stream: free them on it.
+            self.runner.compiled = CompiledBlocks()
+            gc.collect()
 
     def _run_idle_work(self) -> None:
         """One slice of background work (kernel tuning), stopped as soon as a request or a stop arrives."""

@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from locals.engine.kv import RowKV
+from locals.engine.rowfeed import RowOf, join_rows
 
 RAGGED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 
@@ -23,7 +24,7 @@ class RowInput:
     """A row's new tokens for this pass; `sample` asks for the logits after its last
     `logits` tokens (more than one when the row's tail is a draft to verify)."""
 
-    tokens: mx.array  # (n,) int32, may be lazy (last step's sampled token)
+    tokens: mx.array | RowOf  # (n,) int32, may be lazy; RowOf: last step's sampled token
     n: int
     kv: RowKV
     sample: bool
@@ -42,10 +43,11 @@ def supports_ragged(model) -> bool:
     return all(hasattr(attn, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj", "rope", "scale"))
 
 
-def forward(model, rows: list[RowInput]) -> mx.array:
-    """Logits (S, vocab) for the rows with `sample` set, in row order (`logits` rows each)."""
+def forward(model, rows: list[RowInput], compiled: CompiledBlocks | None = None) -> mx.array:
+    """Logits (S, vocab) for the rows with `sample` set, in row order (`logits` rows each).
+    With `compiled` (the engine's), short passes run each layer's halves as compiled graphs."""
     if supports_ragged(model):
-        return _ragged(model, rows)
+        return _ragged(model, rows, compiled)
     return _per_row(model, rows)
 
 
@@ -76,12 +78,14 @@ class _DecodePlan:
         batch.reserve(len(batch.members), self.t)
         # Every member decoding, in slot order (the usual case): plain slices, no gather.
         self.slots = None if slots == list(range(len(batch.members))) else mx.array(slots)
-        pos = mx.array(lengths)[:, None, None]
-        heads = mx.arange(batch.keys[0].shape[1])[None, :, None]
-        self.index = (mx.array(slots)[:, None, None], heads, pos)
+        # Index and mask are shaped on the host: constants add no ops to the step's graph.
+        at = np.asarray(lengths, dtype=np.int32)
+        heads = np.arange(batch.keys[0].shape[1], dtype=np.int32)[None, :, None]
+        self.index = (mx.array(np.asarray(slots, dtype=np.int32)[:, None, None]), mx.array(heads),
+                      mx.array(at[:, None, None]))
         # Positions past each row's new token are padding; no mask when all lengths agree.
         self.mask = None if len(set(lengths)) == 1 else (
-            (mx.arange(self.t)[None] <= mx.array(lengths)[:, None])[:, None, None, :])
+            mx.array((np.arange(self.t)[None] <= at[:, None])[:, None, None, :]))
 
     def attend(self, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
         """q (B, heads, dim), k/v (B, kv_heads, dim) of the plan's rows -> (B, heads * dim)."""
@@ -95,13 +99,13 @@ class _DecodePlan:
             r.kv.length += 1
 
 
-def _ragged(model, rows: list[RowInput]) -> mx.array:
+def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.array:
     inner = model.model
     plan = _DecodePlan(rows)
     batched = {id(r) for r in plan.rows}
     # The batched decode rows go first so their tokens are one slice of the flat sequence.
     order = plan.rows + [r for r in rows if id(r) not in batched]
-    tokens = mx.concatenate([r.tokens for r in order]) if len(order) > 1 else order[0].tokens
+    tokens = join_rows([r.tokens for r in order])  # last step's tokens in order: that array itself
     h = inner.embed_tokens(tokens)  # (T, D): one flat sequence of every row's new tokens
     spans, start = {}, 0
     for r in order:
@@ -113,10 +117,15 @@ def _ragged(model, rows: list[RowInput]) -> mx.array:
     for r in others:
         if r.kv.resident:  # forced tokens of a decoding row: room for the whole chunk
             r.kv.batch.reserve(len(r.kv.batch.members), r.kv.length + r.n)
+    blocks = compiled if start <= COMPILE_MAX_TOKENS else None
     for li, layer in enumerate(inner.layers):
-        x = layer.input_layernorm(h)
-        h = h + _attention(layer.self_attn, x, plan, others, spans, positions, li)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        attn = layer.self_attn
+        if blocks is None:
+            q, k, v = _project(layer, h, positions)
+        else:
+            q, k, v = blocks.project(li, layer)(h, positions)
+        o = _attend(attn, q, k, v, plan, others, spans, li)
+        h = _finish(layer, h, o) if blocks is None else blocks.finish(li, layer)(h, o)
     plan.advance()
     for r in others:
         if r.kv.resident:
@@ -129,8 +138,10 @@ def _ragged(model, rows: list[RowInput]) -> mx.array:
     return _lm_head(model, h)
 
 
-def _attention(attn, x: mx.array, plan: _DecodePlan, others: list[RowInput], spans, positions: mx.array,
-               li: int) -> mx.array:
+def _project(layer, h: mx.array, positions: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """The layer's input norm, q/k/v projections, q/k norms and RoPE for every token of the pass."""
+    attn = layer.self_attn
+    x = layer.input_layernorm(h)
     total = x.shape[0]
     q = attn.q_proj(x).reshape(total, attn.n_heads, -1)
     k = attn.k_proj(x).reshape(total, attn.n_kv_heads, -1)
@@ -140,6 +151,18 @@ def _attention(attn, x: mx.array, plan: _DecodePlan, others: list[RowInput], spa
     # RoPE with one batch entry per token, each at its own offset.
     q = attn.rope(q[:, :, None, :], offset=positions)[:, :, 0, :]
     k = attn.rope(k[:, :, None, :], offset=positions)[:, :, 0, :]
+    return q, k, v
+
+
+def _finish(layer, h: mx.array, o: mx.array) -> mx.array:
+    """The attention output projection and residual, then the MLP block and its residual."""
+    h = h + layer.self_attn.o_proj(o)
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def _attend(attn, q: mx.array, k: mx.array, v: mx.array, plan: _DecodePlan, others: list[RowInput], spans,
+            li: int) -> mx.array:
+    """Each row's queries against its own KV (writing the new keys/values first): (T, heads * dim)."""
     outs = []
     b = len(plan.rows)
     if b:
@@ -147,8 +170,7 @@ def _attention(attn, x: mx.array, plan: _DecodePlan, others: list[RowInput], spa
     for row in others:
         s, n = spans[id(row)]
         outs.append(_row_attention(row.kv, li, q[s : s + n], k[s : s + n], v[s : s + n], attn.scale))
-    o = mx.concatenate(outs) if len(outs) > 1 else outs[0]
-    return attn.o_proj(o)
+    return mx.concatenate(outs) if len(outs) > 1 else outs[0]
 
 
 def _row_attention(kv: RowKV, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
@@ -180,3 +202,48 @@ def _per_row(model, rows: list[RowInput]) -> mx.array:
         if r.sample:
             logits.append(out[0, -r.logits:])
     return mx.concatenate(logits) if logits else mx.zeros((0, 0))
+
+
+# Passes of at most this many tokens (decode steps, short forced or draft chunks) run each
+# layer's projection and MLP halves as compiled graphs: a decode step is host-bound (the
+# device waited 0.007 ms per step on an H200 at B = 1-32, benchmarks/step_profile.py), and
+# compiling removes the Python work of building ~20 ops per layer. Longer passes (prompt
+# chunks) are compute-bound and would each compile a new shape.
+COMPILE_MAX_TOKENS = 64
+
+
+class CompiledBlocks:
+    """Per-layer compiled `_project` / `_finish` of one model, owned by the engine that runs it.
+
+    A compiled graph captures the layer's modules as they were when traced, so the key
+    holds the modules' identities (tuned-kernel patching swaps them) and whether tuned
+    kernels are bypassed; each distinct token count is traced once per key. The owner drops
+    it (and collects) before MLX shuts down: compiled graphs freed during interpreter exit
+    may abort the process.
+    """
+
+    def __init__(self):
+        self._fns: dict[tuple, object] = {}
+
+    def project(self, li: int, layer):
+        attn = layer.self_attn
+        key = ("p", li, id(attn.q_proj), id(attn.k_proj), id(attn.v_proj), _kernel_mode())
+        fn = self._fns.get(key)
+        if fn is None:
+            fn = self._fns[key] = mx.compile(lambda h, positions: _project(layer, h, positions))
+        return fn
+
+    def finish(self, li: int, layer):
+        mlp = layer.mlp
+        key = ("f", li, id(layer.self_attn.o_proj), *(id(m) for m in mlp.children().values()), _kernel_mode())
+        fn = self._fns.get(key)
+        if fn is None:
+            fn = self._fns[key] = mx.compile(lambda h, o: _finish(layer, h, o))
+        return fn
+
+
+def _kernel_mode() -> bool:
+    from locals.engine.kernels.registry import bypassed
+
+    return bypassed()
+

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from locals.engine.rowfeed import RowOf, join_rows
+
 _split = mx.vmap(lambda key: mx.random.split(key))
 
 
@@ -23,7 +25,7 @@ class RowSampling:
     top_p: float
     top_k: int
     min_p: float
-    key: mx.array  # (2,) uint32 PRNG key
+    key: mx.array | RowOf  # (2,) uint32 PRNG key, or its row of the last step's keys
     mask: mx.array | None = None  # (W,) uint32 bitmask of allowed tokens, None = all
     top_logprobs: int = -1  # -1: no logprobs; 0: the chosen token's; k: also the top k
     # A drafted token to verify at this position (-1: none). Greedy rows ignore it (the
@@ -53,7 +55,9 @@ def apply_masks(logits: mx.array, masks: list[mx.array | None]) -> mx.array:
     vocab = logits.shape[-1]
     width = (vocab + 31) // 32
     full = mx.full((width,), 0xFFFFFFFF, dtype=mx.uint32)
-    words = mx.stack([full if m is None else m[:width] for m in masks])
+    # Runs of one same row (unmasked rows, rows in one automaton state) broadcast once.
+    rows = [full if m is None else m if m.shape[0] == width else m[:width] for m in masks]
+    words = join_rows(rows, stack=True)
     shifts = mx.arange(32, dtype=mx.uint32)
     bits = ((words[:, :, None] >> shifts) & 1).reshape(len(masks), -1)[:, :vocab]
     return mx.where(bits.astype(mx.bool_), logits, -mx.inf)
@@ -61,9 +65,12 @@ def apply_masks(logits: mx.array, masks: list[mx.array | None]) -> mx.array:
 
 def sample(logits: mx.array, rows: list[RowSampling]) -> Sampled:
     """Draw one token per row from `logits` (S, vocab)."""
-    logits = apply_masks(logits.astype(mx.float32), [r.mask for r in rows])
+    if logits.dtype != mx.float32:
+        logits = logits.astype(mx.float32)
+    logits = apply_masks(logits, [r.mask for r in rows])
     greedy = mx.argmax(logits, axis=-1)
-    keys = mx.stack([r.key for r in rows])
+    # Rows whose keys are the last step's next keys, in order, take that array as it is.
+    keys = join_rows([r.key for r in rows], stack=True)
     if all(r.temperature <= 0 for r in rows):
         tokens = greedy  # greedy rows never use their key, so it stays as it is
     else:

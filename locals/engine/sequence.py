@@ -17,6 +17,7 @@ import mlx.core as mx
 from locals.engine.guards import Guard
 from locals.engine.kv import RowKV
 from locals.engine.lookup import DraftPolicy, Speculation
+from locals.engine.rowfeed import RowOf
 from locals.engine.stops import StopText
 from locals.protocol import Event, FinishEvent, GenerationRequest, TokenEvent, TokenLogprob, Usage
 
@@ -31,7 +32,8 @@ class Sequence:
         self.kv = kv
         self.prompt = list(request.prompt_tokens)
         self.pending: list[int] = list(self.prompt)  # known tokens still to feed
-        self.lazy: mx.array | None = None  # last sampled token, not read back yet, to feed first
+        # Last sampled token, not read back yet, to feed first: its row of the step's tokens.
+        self.lazy: RowOf | None = None
         self.generated: list[int] = []  # every sampled or forced token, stop tokens included
         self.sampled_steps = 0  # tokens sampled, including steps still in flight
         self.inflight = 0
@@ -42,7 +44,8 @@ class Sequence:
         self.stop_text = StopText(request.sampling.stop)
         self.cache_points = sorted(p for p in request.cache_points if 0 < p <= len(self.prompt))
         seed = request.sampling.seed
-        self.key = mx.random.key(seed if seed is not None else random.getrandbits(63))
+        # (2,) PRNG key, or its row of the last step's next keys (the batch feeds them back whole).
+        self.key: mx.array | RowOf = mx.random.key(seed if seed is not None else random.getrandbits(63))
         self.cached_tokens = 0
         self.submitted_at = submitted_at
         self.first_token_at: float | None = None
@@ -80,11 +83,15 @@ class Sequence:
     def can_sample_more(self) -> bool:
         return self.sampled_steps < self.request.sampling.max_tokens
 
-    def take_input(self, n: int) -> mx.array:
-        """The next `n` input tokens as a lazy (n,) int32 array, removed from what is left to feed."""
+    def take_input(self, n: int) -> mx.array | RowOf:
+        """The next `n` input tokens, removed from what is left to feed: a lazy (n,) int32
+        array, or the last step's row itself when that one token is all (fed without a slice)."""
+        if self.lazy is not None and n == 1:
+            lazy, self.lazy = self.lazy, None
+            return lazy
         parts = []
         if self.lazy is not None:
-            parts.append(self.lazy)
+            parts.append(self.lazy.take())
             self.lazy = None
             n -= 1
         if n > 0:

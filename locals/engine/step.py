@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from locals.engine.forward import RowInput, forward
+from locals.engine.forward import CompiledBlocks, RowInput, forward, supports_ragged
+from locals.engine.rowfeed import RowOf, as_array
 from locals.engine.sampling import RowSampling, Sampled, sample
 from locals.engine.scheduler import Slot
 from locals.engine.sequence import Sequence
@@ -76,6 +77,18 @@ def _constrained_draft(seq: Sequence, draft: list[int]) -> tuple[list[int], list
     return kept, masks
 
 
+def _batch_order(slots: list[Slot], drafts: dict) -> list[Slot]:
+    """Rows decoding one token from the decode batch first, in slot order (the forward pass's
+    own order), then the rest as given: this step's draws then line up with the next step's
+    rows, which take them back as one whole array instead of a gather."""
+    def key(slot: Slot) -> tuple[int, int]:
+        kv = slot.seq.kv
+        batched = slot.n == 1 and kv.resident and not drafts.get(slot.seq.id)
+        return (0, kv.slot) if batched else (1, 0)
+
+    return sorted(slots, key=key)
+
+
 class StepRunner:
     """Launches and processes steps for one model."""
 
@@ -84,6 +97,10 @@ class StepRunner:
         # Called as on_cache_point(seq, n_tokens) once the KV of a prompt prefix is built.
         self.on_cache_point = on_cache_point
         self.speculate_max_rows = speculate_max_rows
+        # Compiled per-layer graphs for short passes; the engine drops them when it stops.
+        self.compiled = CompiledBlocks()
+        # Only the ragged pass takes last step's token rows as they are; the per-row one needs arrays.
+        self.ragged = supports_ragged(model)
 
     def _draft(self, seq: Sequence, decoding: int) -> list[int]:
         """Prompt-lookup draft for a row whose tokens are all known, [] when it should not draft."""
@@ -112,7 +129,7 @@ class StepRunner:
     def launch(self, slots: list[Slot]) -> Launched | None:
         """Queue the forward pass and sampling for `slots`; None when no row is left."""
         masks, drafts = self._plan(slots)
-        slots = [s for s in slots if not s.seq.finished]
+        slots = _batch_order([s for s in slots if not s.seq.finished], drafts)
         if not slots:
             return None
         prefill_tokens = sum(s.n for s in slots if s.seq.prefilling)
@@ -122,18 +139,20 @@ class StepRunner:
             before[seq.id] = seq.kv.offset
             tokens = seq.take_input(slot.n)
             if draft:
-                tokens = mx.concatenate([tokens, mx.array(draft, dtype=mx.int32)])
+                tokens = mx.concatenate([as_array(tokens), mx.array(draft, dtype=mx.int32)])
+            elif not self.ragged:
+                tokens = as_array(tokens)
             rows.append(RowInput(tokens, slot.n + len(draft), seq.kv, slot.sample, len(draft) + 1))
-        logits = forward(self.model, rows)
+        logits = forward(self.model, rows, self.compiled)
         verify, sampling = self._sample_rows([s.seq for s in slots if s.sample], masks, drafts)
         sampled = None
         if verify:
             sampled = sample(logits, sampling)
             for v in verify:
                 seq = v.seq
-                if not v.draft:  # fed next step straight from the device
-                    seq.lazy = sampled.tokens[v.start : v.start + 1]
-                    seq.key = sampled.keys[v.start]
+                if not v.draft:  # fed next step straight from the device, as rows of the batch's arrays
+                    seq.lazy = RowOf(sampled.tokens, v.start)
+                    seq.key = RowOf(sampled.keys, v.start)
                 seq.sampled_steps += 1
                 seq.inflight += 1
             mx.async_eval(sampled.arrays())
@@ -148,8 +167,9 @@ class StepRunner:
         for seq in seqs:
             draft = drafts.get(seq.id, [])
             if draft:  # one key per position; the row's own key moves on once
-                keys = mx.random.split(seq.key, len(draft) + 2)
-                seq.key, position_keys = keys[0], [keys[i + 1] for i in range(len(draft) + 1)]
+                key = seq.key.value() if isinstance(seq.key, RowOf) else seq.key
+                keys = mx.random.split(key, len(draft) + 2)
+                seq.key, position_keys = RowOf(keys, 0), [RowOf(keys, i + 1) for i in range(len(draft) + 1)]
             else:
                 position_keys = [seq.key]
             verify.append(Verify(seq, len(rows), draft))

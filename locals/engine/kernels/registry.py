@@ -33,6 +33,11 @@ def mlx_ops_only() -> Iterator[None]:
         _bypass["depth"] -= 1
 
 
+def bypassed() -> bool:
+    """Whether `mlx_ops_only()` is active (compiled graphs that traced a kernel must not be reused)."""
+    return _bypass["depth"] > 0
+
+
 class TunedQuantizedLinear(nn.QuantizedLinear):
     """A QuantizedLinear that routes each call by its row count to the tuned kernel or MLX's op."""
 

@@ -1,0 +1,104 @@
+"""Host cost of a decode step, per batch size, on a model whose compute is negligible (a
+dense random Qwen3: hidden 64, 2 layers, vocab 512): milliseconds per step, and the MLX
+ops each step queues (graph primitives, a measure that does not depend on machine load).
+
+What grows with the batch here is per-row Python and per-row MLX ops, the work that made
+large batches host-bound on a GPU (benchmarks/step_profile.py).
+    python benchmarks/host_cost.py --batches 1,8,32
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import mlx.core as mx  # noqa: E402
+
+from benchmarks.common import byte_tokenizer, no_eos, prompts, write_results  # noqa: E402
+from benchmarks.step_profile import StepClock  # noqa: E402
+from locals.engine import step as step_module  # noqa: E402
+from locals.engine.bench import run_locals  # noqa: E402
+
+
+def tiny_qwen3():
+    """A LoadedModel of a dense random Qwen3 too small for its compute to matter."""
+    from mlx_lm.models import qwen3
+
+    from locals.engine import backend
+    from locals.engine.models import LoadedModel
+
+    args = qwen3.ModelArgs(model_type="qwen3", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
+                           rms_norm_eps=1e-6, max_position_embeddings=4096, rope_theta=1e6,
+                           tie_word_embeddings=True)
+    mx.random.seed(0)
+    model = qwen3.Model(args)
+    mx.eval(model.parameters())
+    return LoadedModel(model=model, tokenizer=byte_tokenizer(), name="qwen3-host-random", model_id="random",
+                       vocab_size=512, context_length=4096, tool_format="json_tools", tools_in_template=False,
+                       backend=backend.detect())
+
+
+class OpCounter:
+    """Counts the primitives in each graph the step runner queues (through its `mx.async_eval`)."""
+
+    def __init__(self):
+        self.counts: list[int] = []
+        real = mx.async_eval
+
+        def counting(*arrays):
+            with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
+                mx.export_to_dot(f.name, *arrays)
+                self.counts.append(sum("shape=rectangle" in line for line in f))
+            return real(*arrays)
+
+        proxy = type("CountingMx", (), {"__getattr__": lambda _, name: getattr(mx, name),
+                                        "async_eval": staticmethod(counting)})
+        step_module.mx = proxy()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=5, help="timed runs per batch size (median reported)")
+    args = ap.parse_args()
+
+    from locals.engine.engine import Engine
+    from locals.engine.settings import EngineConfig
+
+    model = no_eos(tiny_qwen3())
+    engine = Engine(model, EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
+    clock = StepClock(engine.runner)
+    engine.start()
+    rows = []
+    try:
+        for batch in [int(b) for b in args.batches.split(",")]:
+            ps = prompts(model.tokenizer, batch, 16, seed=batch)
+            run_locals(engine, ps, 8)  # warm-up
+            steps = []
+            for _ in range(args.rounds):
+                clock.reset()
+                run_locals(engine, ps, args.tokens)
+                steps.append(clock.report()["step"])
+            rows.append({"batch": batch, "step_ms": statistics.median(steps), "step_ms_runs": steps})
+        ops = OpCounter()
+        for row in rows:
+            ops.counts.clear()
+            run_locals(engine, prompts(model.tokenizer, row["batch"], 16, seed=row["batch"]), 24)
+            row["ops_per_step"] = statistics.median(ops.counts)
+            print(f"B={row['batch']:3d} step {row['step_ms']:.3f} ms  ops/step {row['ops_per_step']:.0f}", flush=True)
+    finally:
+        engine.stop()
+    path = write_results("host_cost", {"model": "qwen3 dense random, hidden 64, 2 layers, vocab 512",
+                                       "tokens": args.tokens, "rows": rows})
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
