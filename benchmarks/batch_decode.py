@@ -53,7 +53,13 @@ def main() -> None:
     if args.with_lookup:
         lookup = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256))
         lookup.start()
-    rows = []
+    rows, path = [], None
+
+    def save():
+        return write_results("batch_decode", {"model": label, "tokens": args.tokens, "prompt_len": args.prompt_len,
+                                              "rounds": args.rounds, "rows": rows, "argv": sys.argv[1:],
+                                              "tuned_layers": engine.patched_layers}, path)
+
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
             ps = prompts(ours.tokenizer, batch, args.prompt_len, seed=batch)
@@ -76,13 +82,11 @@ def main() -> None:
             line = "  ".join(f"{n}: {row[n]['decode_tps']['median']:.1f} tok/s ttft {row[n]['ttft_s']['median']:.2f}s"
                              for n in res)
             print(f"B={batch:3d}  {line}", flush=True)
+            path = save()  # after each batch size: a run cut short keeps what it measured
     finally:
         for e in (engine, lookup):
             if e is not None:
                 e.stop()
-    path = write_results("batch_decode", {"model": label, "tokens": args.tokens, "prompt_len": args.prompt_len,
-                                          "rounds": args.rounds, "rows": rows, "argv": sys.argv[1:],
-                                          "tuned_layers": engine.patched_layers})
     print(f"results: {path}")
 
 

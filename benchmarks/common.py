@@ -36,15 +36,16 @@ def as_peer(run):
     return wrapped
 
 
-def write_results(name: str, data: dict) -> Path:
-    """Write `data` (plus machine info and the command line) as benchmarks/results/<name>-<device>-<time>.json."""
+def write_results(name: str, data: dict, path: Path | None = None) -> Path:
+    """Write `data` (plus machine info and the command line) as benchmarks/results/<name>-<device>-<time>.json,
+    or over `path` (a run that saves what it has after each part, so a cut-off run keeps it)."""
     import mlx.core as mx
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     device = "gpu" if mx.default_device() == mx.gpu else "cpu"
     data = {"benchmark": name, "device": device, "machine": platform.machine(),
             "mlx": mx.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:], **data}
-    path = RESULTS / f"{name}-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path = path or RESULTS / f"{name}-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(data, indent=1))
     return path
 

@@ -100,7 +100,7 @@ def main() -> None:
     engine = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
     clock = StepClock(engine.runner)
     engine.start()
-    rows = []
+    rows, path = [], None
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
             ps = prompts(ours.tokenizer, batch, args.prompt_len, seed=batch)
@@ -115,10 +115,11 @@ def main() -> None:
                 row[name] = {**clock.report(), "decode_tps": round(result["decode_tps"], 1)}
             rows.append(row)
             print(f"B={batch:3d} " + "  ".join(f"{k}: {v}" for k, v in row.items() if k != "batch"), flush=True)
+            # After each batch size: a run cut short keeps what it measured.
+            path = write_results("step_profile", {"model": label, "tokens": args.tokens, "rows": rows,
+                                                  "tuned_layers": engine.patched_layers}, path)
     finally:
         engine.stop()
-    path = write_results("step_profile", {"model": label, "tokens": args.tokens, "rows": rows,
-                                          "tuned_layers": engine.patched_layers, "argv": sys.argv[1:]})
     print(f"results: {path}")
 
 
