@@ -43,9 +43,11 @@ class BackgroundTuning:
                 self.table = TuningTable(chip=chip, mlx=mx.__version__, kernels=kernels_tag(kind))
             self._unscreened = default_candidates(kind)
         while self._unscreened:
-            if interrupted():
+            passed = screen(self._unscreened[:1], self.problems, self.table, pause=interrupted)
+            if passed is None:  # interrupted mid-way: this candidate starts over next time
                 return False
-            self._pool += screen([self._unscreened.pop(0)], self.problems, self.table)
+            self._pool += passed
+            self._unscreened.pop(0)
         return True
 
     @property

@@ -132,9 +132,11 @@ def measure(fns: dict[str, Callable[[], mx.array]], rounds: int = 7, repeats: in
 
 
 def screen(candidates: list, problems: list[Problem], table: TuningTable,
-           progress: Callable[[str], None] | None = None, shapes=DEFAULT_SHAPES) -> list:
+           progress: Callable[[str], None] | None = None, shapes=DEFAULT_SHAPES,
+           pause: Callable[[], bool] | None = None) -> list | None:
     """Candidates that pass the full verification sweep for every quantization in `problems`
-    (failures are recorded in `table.rejected`)."""
+    (failures are recorded in `table.rejected`); None when `pause()` turned True between
+    two cases (each case may compile a kernel: ~seconds on CUDA, so a request waits one)."""
     progress = progress or (lambda _msg: None)
     quants = sorted({(p.bits, p.group_size, p.dtype) for p in problems})
     kept = []
@@ -142,7 +144,13 @@ def screen(candidates: list, problems: list[Problem], table: TuningTable,
         if cand.name in table.rejected:
             continue
         for bits, group, dtype in quants:
-            verdicts = verify(cand, default_cases(bits, group, getattr(mx, dtype), shapes=shapes))
+            verdicts = []
+            for case in default_cases(bits, group, getattr(mx, dtype), shapes=shapes):
+                if pause is not None and pause():
+                    return None
+                verdicts += verify(cand, [case])
+                if verdicts and not verdicts[-1].ok:
+                    break
             if verdicts and not passes(verdicts):
                 bad = next(v for v in verdicts if not v.ok)
                 table.rejected[cand.name] = f"{bad.case.describe()}: {bad.reason}"
