@@ -1,6 +1,8 @@
 """Where a decode step's time goes in locals' engine: Python building the step's graph
-(launch), waiting for the device (wait) and Python reading the tokens back (process),
-per batch size; as shipped, without compiled layers, and without tuned kernels (if tuned).
+(launch = forward + sample graph building + async_eval queuing it), waiting for the device
+(wait), Python reading the tokens back (process), the loop's other parts (drain, admit,
+next_step, reap) and garbage collection, per batch size; as shipped, without compiled
+layers, and without tuned kernels (if tuned).
 
 With pipelining, the device runs step n while Python builds step n+1: a step is
 host-bound when `wait` is near zero (the device idles), device-bound when `wait` is most
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import statistics
 import sys
 import time
@@ -27,12 +30,30 @@ from locals.engine.step import StepRunner  # noqa: E402
 
 
 class StepClock:
-    """Wraps a StepRunner's launch/process to time each phase of every step."""
+    """Wraps a StepRunner's launch/process, and the engine loop's other parts, to time each
+    phase of every step; also the time Python's garbage collector ran."""
 
-    def __init__(self, runner: StepRunner):
+    LOOP_PARTS = ("_drain", "_admit", "_reap", "_must_sync")
+
+    def __init__(self, runner: StepRunner, engine=None):
         self.samples: dict[str, list[float]] = {"launch": [], "wait": [], "process": []}
         self.marks: list[float] = []
+        self.gc_s, self._gc_start = 0.0, 0.0
         launch, process = runner.launch, runner.process
+        if engine is not None:
+            for part in self.LOOP_PARTS:
+                self._wrap(engine, part)
+            self._wrap(engine.scheduler, "next_step")
+            # Inside launch: building the model's graph, building sampling's, and MLX
+            # queuing the work (async_eval: its own graph walk and kernel dispatch).
+            from locals.engine import step as step_module
+
+            self._wrap(step_module, "forward")
+            self._wrap(step_module, "sample")
+            queue = _Namespace(step_module.mx)
+            self._wrap(queue, "async_eval")
+            step_module.mx = queue
+        gc.callbacks.append(self._on_gc)
 
         def timed_launch(slots):
             t = time.perf_counter()
@@ -54,10 +75,30 @@ class StepClock:
 
         runner.launch, runner.process = timed_launch, timed_process
 
+    def _wrap(self, owner, name: str) -> None:
+        fn = getattr(owner, name)
+        self.samples[name.lstrip("_")] = samples = []
+
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                samples.append(time.perf_counter() - t)
+
+        setattr(owner, name, timed)
+
+    def _on_gc(self, phase: str, _info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self.gc_s += time.perf_counter() - self._gc_start
+
     def reset(self) -> None:
         for v in self.samples.values():
             v.clear()
         self.marks.clear()
+        self.gc_s = 0.0
 
     def report(self) -> dict:
         """Median milliseconds per phase, and per step (between consecutive reads)."""
@@ -65,7 +106,18 @@ class StepClock:
         out = {k: round(statistics.median(v) * 1e3, 3) for k, v in self.samples.items() if v}
         out["step"] = round(statistics.median(gaps) * 1e3, 3) if gaps else None
         out["steps"] = len(self.marks)
+        out["gc_ms_per_step"] = round(self.gc_s * 1e3 / max(len(self.marks), 1), 3)
         return out
+
+
+class _Namespace:
+    """A stand-in for a module whose attributes can be wrapped one by one."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name)
 
 
 @contextlib.contextmanager
@@ -98,7 +150,7 @@ def main() -> None:
     ours, _theirs, label = load_pair(args.random_model)
     ours = no_eos(ours)
     engine = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
-    clock = StepClock(engine.runner)
+    clock = StepClock(engine.runner, engine)
     engine.start()
     rows, path = [], None
     try:
