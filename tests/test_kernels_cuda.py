@@ -18,7 +18,7 @@ OTHER_QUANTS = [(8, 64, mx.bfloat16), (4, 32, mx.float16), (8, 128, mx.float32),
 # Every launch configuration on the common 4-bit case; each kernel source on every other
 # quantization (launch configurations share one source, so this covers the code paths
 # while keeping the number of JIT compiles, ~1 s each, down).
-MATRIX = ([(k, 4, 64, mx.bfloat16) for k in qmm.candidates("cuda") if k.name != "cuda-qmvs-r4-t512"]
+MATRIX = ([(k, 4, 64, mx.bfloat16) for k in qmm.candidates("cuda")]
           + [(k, *q) for k in (qmm.QmvKernel("cuda", 4, 256), qmm.QmvKernel("cuda", 2, 256, staged=True))
              for q in OTHER_QUANTS])
 

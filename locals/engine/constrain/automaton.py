@@ -17,7 +17,7 @@ from enum import Enum
 
 from locals.engine.constrain.holes import CallRuntime, Position
 from locals.engine.constrain.index import CompiledIndex, DeviceRow, token_row
-from locals.engine.constrain.tools import ToolSet, chosen_name
+from locals.engine.constrain.tools import BLANKS, ToolSet, chosen_name
 
 # Slack kept above the closing's length: one sampled token can lengthen the closing by a
 # few tokens (it may open a string, an object and a key at once).
@@ -125,6 +125,7 @@ class ToolCallConstraint:
         self._max_calls = max_calls
         self._calls = 0
         self._marker_len = 0  # FREE: length of the marker prefix the text ends with
+        self._window = True  # FREE: a call may still start here (always, unless the format is start-only)
         self._head_bytes = bytearray()
         self._index: CompiledIndex = tools.head  # HEAD: the head automaton and its state
         self._state = tools.head.initial
@@ -145,6 +146,8 @@ class ToolCallConstraint:
     def mask(self):
         phase = self._phase
         if phase is Phase.FREE:
+            if not self._window:
+                return None
             if self._no_room_for_a_call():
                 return self._tools.guard_closed()[self._marker_len].get()
             row = self._tools.guard()[self._marker_len]
@@ -162,7 +165,7 @@ class ToolCallConstraint:
         if token in self._eos and phase in (Phase.FREE, Phase.BETWEEN, Phase.DONE):
             self._phase = Phase.DONE
         elif phase is Phase.FREE:
-            self._accept_free(self._tools.vocab.bytes_of(token))
+            self._accept_free(token)
         elif phase is Phase.BETWEEN:
             self._start_head(b"", token)
         elif phase is Phase.DONE:
@@ -214,15 +217,24 @@ class ToolCallConstraint:
 
     # -- phases --
 
-    def _accept_free(self, data: bytes) -> None:
-        marker = self._tools.fmt.marker
-        text = marker[: self._marker_len] + data
+    def _accept_free(self, token: int) -> None:
+        fmt = self._tools.fmt
+        if fmt.start_only and token in self._tools.reopen_ids:
+            self._window, self._marker_len = True, 0
+            return
+        if not self._window:
+            return
+        marker = fmt.marker
+        text = marker[: self._marker_len] + self._tools.vocab.bytes_of(token)
         at = text.find(marker)
-        if at >= 0:
+        if at >= 0 and not (fmt.start_only and text[:at].strip(BLANKS)):
             self._start_head(text[at:])
             return
         self._marker_len = next((k for k in range(min(len(marker) - 1, len(text)), 0, -1)
                                  if text.endswith(marker[:k])), 0)
+        # Start-only formats: the window stays open while the text is blanks, then part of the marker.
+        if fmt.start_only and text[: len(text) - self._marker_len].strip(BLANKS):
+            self._window, self._marker_len = False, 0
 
     def _start_head(self, data: bytes, token: int | None = None) -> None:
         head = self._tools.head

@@ -32,6 +32,10 @@ class ToolFormat:
     arguments: str = "json"  # "json": one JSON object; "xml": Qwen3-Coder parameter blocks
     avoid: tuple[str, ...] = ()  # markers no argument string may hold (they would end the call)
     parallel: bool = True  # several calls in one reply
+    # A call may start only at the start of the reply (after blanks) or right after `reopen`
+    # (a special token of its own, where the tokenizer has one); elsewhere the marker is text.
+    start_only: bool = False
+    reopen: bytes = b""
 
     def arguments_regex(self, schema, label: str, holes: bool = False) -> str:
         """The arguments' regex; `holes`: XML free-text values as runtime-checked holes (values.py)."""
@@ -70,7 +74,8 @@ QWEN3_CODER = ToolFormat(
 )
 
 # Llama 3.1/3.2/3.3: `{"name": …, "parameters": {…}}` as the whole reply, optionally after
-# <|python_tag|>; its chat template holds one call per reply. Read by mlx-lm's json_tools
+# <|python_tag|>; its chat template holds one call per reply. A reply that shows JSON in
+# prose is not a call: the call starts only at the start of the reply or after the tag. Read by mlx-lm's json_tools
 # parser (json.loads), which the server applies after the `{"name": "` start marker.
 LLAMA3_JSON = ToolFormat(
     parser="llama3_json",
@@ -80,6 +85,8 @@ LLAMA3_JSON = ToolFormat(
     head_pattern=r'(<\|python_tag\|>)?\{{"name": "({names})", "parameters": ',
     call_pattern=r'(<\|python_tag\|>)?\{{"name": "{name}", "parameters": {args}\}}',
     parallel=False,
+    start_only=True,
+    reopen=b"<|python_tag|>",
 )
 
 # Mistral: `[TOOL_CALLS]name[ARGS]{json}`, which mlx-lm's mistral parser reads call by call.

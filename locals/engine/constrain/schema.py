@@ -4,7 +4,8 @@ Gaps fixed here (each has a test): `allOf` is merged into one schema (outlines-c
 concatenates the parts, which is not JSON); integer `minimum`/`maximum` become an exact
 range regex (outlines-core ignores them); strings also accept `\\uXXXX` escapes; the
 whitespace is pinned to `json.dumps` style (`{"a": 1, "b": [1, 2]}`) so key names and
-separators are forced (jump-forward) instead of optional. Keywords that cannot be
+separators are forced (jump-forward) instead of optional; string `pattern`s are rewritten
+to what a JSON string carries raw (pattern.py). Keywords that cannot be
 expressed are refused with the JSON path of the part that uses them.
 """
 
@@ -17,6 +18,7 @@ import jsonschema
 from outlines_core.json_schema import NUMBER, STRING, STRING_INNER, build_regex_from_schema
 
 from locals.engine.constrain.freetext import json_string_body
+from locals.engine.constrain.pattern import pattern_regex
 from locals.errors import RequestError
 
 UNSUPPORTED = ("not", "if", "then", "else", "contains", "dependentSchemas", "propertyNames",
@@ -43,9 +45,11 @@ def free_json_regex(depth: int, top: str = "value") -> str:
 class _Rewriter:
     """One schema's rewrite: resolves local $refs met inside allOf and collects regex placeholders."""
 
-    def __init__(self, root: dict, label: str):
+    def __init__(self, root: dict, label: str, avoid=()):
         self.root = root
         self.label = label
+        # Characters a pattern may not write raw inside a JSON string (and `<` when markers are avoided).
+        self.banned = '"\\' + "".join(map(chr, range(0x20))) + ("<" if avoid else "")
         self.regexes: list[str] = []
 
     def fail(self, path: str, why: str) -> RequestError:
@@ -70,7 +74,20 @@ class _Rewriter:
                 out[key] = value
             else:
                 out[key] = self.rewrite(value, f"{path}/{key}")
-        return self.free_form(self.integer_range(out, path), path)
+        return self.free_form(self.integer_range(self.pattern(out, path), path), path)
+
+    def pattern(self, node: dict, path: str) -> dict:
+        """outlines-core inserts a pattern verbatim (a `.` could write `"`) and drops it when
+        minLength/maxLength are present: rewrite it to the texts a JSON string carries raw."""
+        if not isinstance(node.get("pattern"), str):
+            return node
+        if "minLength" in node or "maxLength" in node:
+            raise self.fail(path, "combines 'pattern' with minLength/maxLength, which one automaton cannot "
+                                  "enforce together; keep one of them")
+        try:
+            return {**node, "pattern": pattern_regex(node["pattern"], self.banned)}
+        except ValueError as exc:
+            raise self.fail(path, f"has a pattern constrained decoding cannot enforce: {exc}") from None
 
     def free_form(self, node: dict, path: str) -> dict:
         """Schema-less objects and values get a shallow free-form regex (2 levels at the top, 1 inside)."""
@@ -215,7 +232,7 @@ def schema_regex(schema, *, label: str, avoid=()) -> str:
     except jsonschema.SchemaError as exc:
         where = "/" + "/".join(str(p) for p in exc.path)
         raise RequestError(f"{label}: invalid JSON schema at {where}: {exc.message}") from None
-    rewriter = _Rewriter(schema, label)
+    rewriter = _Rewriter(schema, label, avoid)
     rewritten = rewriter.rewrite(schema)
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern=_WS)

@@ -19,6 +19,7 @@ from locals.engine.constrain.values import segment_tokens, supports_holes
 from locals.engine.constrain.vocab import TokenVocab
 from locals.errors import RequestError
 
+BLANKS = b" \t\n\r"
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
@@ -61,7 +62,7 @@ def guard_rows(head: CompiledIndex, fmt: ToolFormat) -> tuple[list, list]:
         for token, data in candidates:
             text = marker[:p] + data
             at = text.find(marker)
-            if at >= 0:
+            if at >= 0 and not (fmt.start_only and text[:at].strip(BLANKS)):
                 completing.append(token)
                 if head.walk(after_marker, text[at + len(marker):]) is None:
                     refused.append(token)
@@ -95,6 +96,8 @@ class ToolSet:
         self._longest: int | None = None
         self.between = DeviceRow(self.head.rows[self.head.row_of[self.head.initial]] | token_row(vocab, vocab.eos_ids))
         self.eos_only = DeviceRow(token_row(vocab, vocab.eos_ids))
+        # Tokens after which a start-only format's call may start again (Llama's <|python_tag|>).
+        self.reopen_ids = frozenset(i for i, b in enumerate(vocab.token_bytes) if fmt.reopen and b == fmt.reopen)
 
     def call(self, name: str) -> CallRuntime:
         """The call automaton of `name`, compiling it now if the background has not yet."""

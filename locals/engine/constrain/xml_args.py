@@ -18,6 +18,7 @@ import re
 from mlx_lm.tool_parsers.qwen3_coder import _convert_param_value
 
 from locals.engine.constrain.freetext import Avoiding
+from locals.engine.constrain.pattern import pattern_regex
 from locals.engine.constrain.schema import integer_bound, integer_range_regex, schema_regex
 from locals.engine.constrain.values import ANY, HOLE_BYTES, HOLE_CLASS, NOT_CONTAINER, NOT_NULL
 from locals.errors import RequestError
@@ -29,6 +30,7 @@ _INTEGER_DIGITS = 15  # the parser goes through float(): longer integers would l
 _NUMBER = r"-?(0|[1-9][0-9]{0,14})(\.[0-9]{1,15})?([eE][+-]?[0-9]{1,2})?"
 _NOTES = {"description", "title", "default", "examples"}
 _HOLE_CHARS = re.compile(f"[{HOLE_CLASS}]")
+HOLE_CHARS = "".join(map(chr, HOLE_BYTES.values()))
 
 
 def _text(value) -> str:
@@ -80,7 +82,7 @@ class _Values:
         if not isinstance(kind, str):
             raise self.fail(name, f"has several types {kind!r}")
         if kind == "string":
-            return self.string(schema)
+            return self.string(name, schema)
         if kind == "integer":
             return self.integer(schema)
         if kind == "number":
@@ -114,10 +116,17 @@ class _Values:
             raise self.fail(name, f"allows only values ({members!r}) that its parser reads back differently")
         return "(" + "|".join(re.escape(t) for t in texts) + ")"
 
-    def string(self, schema: dict) -> str:
-        if "pattern" in schema:
-            return f"({schema['pattern']})"
+    def string(self, name: str, schema: dict) -> str:
         low, high = schema.get("minLength"), schema.get("maxLength")
+        if "pattern" in schema:
+            if low is not None or high is not None:
+                raise self.fail(name, "combines 'pattern' with minLength/maxLength (one automaton cannot "
+                                      "enforce both)")
+            try:  # no `<` (it could start `</parameter>`), no hole bytes, never "null" (read as None)
+                return f"({pattern_regex(schema['pattern'], '<' + HOLE_CHARS, no_null=True)})"
+            except ValueError as exc:
+                raise RequestError(f"{self.label}: parameter {name!r} cannot be enforced in the Qwen3-Coder "
+                                   f"XML tool-call format: {exc}") from None
         if low is None and high is None:
             return self.hole(NOT_NULL, self.free.not_word("null"))
         # Bounded: no `<` at all (it could start a closing marker), and never "null".
