@@ -202,3 +202,26 @@ def test_first_seen_24_tools_ready_within_a_second(smollm2):
     c = build_constraint(smollm2, tools=tools, tool_choice="required")
     c.mask()
     assert time.perf_counter() - start <= 1.0
+
+
+def test_compiling_now_never_cancels_a_future_other_requests_wait_on(smollm2, locals_home):
+    import threading
+
+    from locals.engine.constrain import compile as compiler
+
+    vocab = token_vocab(smollm2.tokenizer, smollm2.vocab_size)
+    release = threading.Event()
+    # Keep both workers busy so the next submit stays queued, as a prefetch behind others does.
+    blockers = [compiler._pool.submit(release.wait, 30) for _ in range(2)]
+    try:
+        regex = '"shared-' + str(threading.get_ident()) + '"'
+        queued = compiler.submit(regex, vocab)  # what a second request with the same tools waits on
+        assert not queued.running() and not queued.done()
+        mine = compiler.compile_now(regex, vocab, queued, "test tool")
+        assert not queued.cancelled()
+    finally:
+        release.set()
+    for b in blockers:
+        b.result(timeout=30)
+    theirs = compiler.wait(queued, "test tool", timeout=60)
+    assert theirs is mine  # the worker found the request's own build cached

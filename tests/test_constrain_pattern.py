@@ -21,13 +21,17 @@ BANNED = "<\x00\x01\x02"
 
 
 def language(regex: str, length: int) -> set[str]:
-    """The texts up to `length` characters over ALPHABET that outlines-core's automaton accepts."""
+    """The texts up to `length` characters over ALPHABET that outlines-core's automaton accepts
+    (followed by an end mark: with this toy vocabulary outlines-core 0.2 keeps no transition
+    from a final state into a non-final one, which a value followed by its frame never needs)."""
     ids = {c: i for i, c in enumerate(ALPHABET)}
-    index = Index(regex, Vocabulary(len(ALPHABET), {c: [i] for c, i in ids.items()}))
+    end = len(ids)
+    index = Index(f"({regex})#", Vocabulary(end + 1, {**{c: [i] for c, i in ids.items()}, "#": [end]}))
     found, frontier = set(), [("", index.get_initial_state())]
     while frontier:
         text, state = frontier.pop()
-        if index.is_final_state(state):
+        after = index.get_next_state(state, end)
+        if after is not None and index.is_final_state(after):
             found.add(text)
         if len(text) < length:
             for c, i in ids.items():
@@ -43,9 +47,9 @@ def expected(pattern: str, banned: str, no_null: bool, length: int) -> set[str]:
             and not (no_null and t.lower() == "null")}
 
 
-@pytest.mark.parametrize("pattern", [r"[a-z]+\.py", r"^[a-z]+$", ".*", "[^x]+", "a|<b", r"(nu|NU)(ll)?\.?",
-                                     r"\w{2,4}", r"[^\d]*", r"\S+"])
-@pytest.mark.parametrize("no_null", [False, True])
+@pytest.mark.parametrize(("pattern", "no_null"), [
+    *((p, False) for p in (r"[a-z]+\.py", ".*", "[^x]+", "a|<b", r"(nu|NU)(ll)?\.?", r"\w{2,4}", r"[^\d]*", r"\S+")),
+    *((p, True) for p in (r"[a-z]+\.py", r"^[a-z]+$", r"(nu|NU)(ll)?\.?", r"\w{2,4}"))])
 def test_pattern_regex_is_the_pattern_minus_banned_texts(pattern, no_null):
     regex = pattern_regex(pattern, BANNED, no_null=no_null)
     assert language(regex, 5) == expected(pattern, BANNED, no_null, 5)
@@ -89,7 +93,7 @@ def test_xml_refuses_patterns_it_cannot_carry_naming_tool_and_parameter(tiny_lla
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("pattern", [r"[a-z]+\.py", r"^[a-z]+\.py$", ".*", "[^x]+"])
+@pytest.mark.parametrize("pattern", [r"[a-z]+\.py", r"^[a-z]+\.py$", r"[^x\s]+\.py"])
 def test_xml_pattern_values_generate_parse_and_match(tiny_llama, pattern):
     from test_constrain_model import generate
 

@@ -68,6 +68,11 @@ def _save_disk(key: str, index: outlines_core.Index) -> None:
 
 
 def _build(key: str, regex: str, vocab: TokenVocab) -> CompiledIndex:
+    hit = _cached(key)  # built meanwhile on a request's own thread (compile_now)
+    if hit is not None:
+        with _lock:
+            _inflight.pop(key, None)
+        return hit
     index = _load_disk(key)
     if index is None:
         index = outlines_core.Index(regex, vocab.outlines_vocabulary())
@@ -133,11 +138,15 @@ def compile_regex(regex: str, vocab: TokenVocab, label: str, timeout: float | No
 
 def compile_now(regex: str, vocab: TokenVocab, future: Future | None, label: str) -> CompiledIndex:
     """Compile on the calling thread unless a worker already runs it (used when a request
-    needs this one next and queued prefetches must not delay it)."""
+    needs this one next and queued prefetches must not delay it).
+
+    A queued future is left alone, never cancelled: other requests with the same tools may
+    wait on it, and a cancelled future reaches them as asyncio's CancelledError, which
+    drops their connection without a response. The worker finds the result cached later.
+    """
     key = cache_key(regex, vocab)
-    if future is not None and (future.done() or not future.cancel()):
+    if future is not None and (future.done() or future.running()):
         return wait(future, label)
-    _forget(key)
     hit = _cached(key)
     if hit is not None:
         return hit

@@ -12,6 +12,7 @@ Anything else (lookarounds, back-references, inline flags, inner anchors) raises
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from re import _constants as C
@@ -160,7 +161,10 @@ def regex(n) -> str:
     if kind == "cat":
         return "".join(f"({regex(m)})" if m[0] == "alt" else regex(m) for m in n[1])
     if kind == "alt":
-        return "(" + "|".join(regex(m) for m in n[1]) + ")"
+        # outlines-core reads an empty branch `(|a)` as "nothing else": write `(a)?` instead.
+        rest = [m for m in n[1] if m != EPS]
+        body = "(" + "|".join(regex(m) for m in rest) + ")"
+        return body + "?" if len(rest) < len(n[1]) else body
     if kind == "rep":
         low, high = n[2], n[3]
         count = f"{{{low},}}" if high is None else f"{{{low}}}" if low == high else f"{{{low},{high}}}"
@@ -237,7 +241,8 @@ def pattern_regex(pattern: str, banned: str = "", *, no_null: bool = False) -> s
     if parsed.state.flags & ~(re.UNICODE | re.ASCII):
         raise ValueError("it sets regex flags inside the pattern")
     tree = _tree(list(parsed), frozenset(banned))
-    if no_null and tree != EMPTY:
+    spelled = ("".join(t) for t in itertools.product(*({c.lower(), c.upper()} for c in _WORD)))
+    if no_null and tree != EMPTY and any(re.fullmatch(strip_anchors(pattern), w) for w in spelled):
         tree = without_word(tree)
         if tree == EMPTY:
             raise ValueError(f"its pattern allows only the text {_WORD!r}, which the parser reads as null")
