@@ -72,3 +72,20 @@ def test_xml_call_with_the_marker_in_a_parameter_stays_whole():
     out = feed_all(ToolCallSplitter(fmt), [body[:30], body[30:]])
     calls = [p for p in out if isinstance(p, ToolCall)]
     assert len(calls) == 1 and calls[0].arguments == {"content": "a </tool_call> b"}, out
+
+
+def llama3():
+    return tool_format_of(SimpleNamespace(tokenizer=SimpleNamespace(), tool_format="llama3_json"))
+
+
+def test_llama3_call_only_at_the_reply_start_or_after_the_python_tag():
+    assert llama3().start_only and not hermes().start_only
+    out = feed_all(ToolCallSplitter(llama3()), ['  {"name": "f", "para', 'meters": {"x": 1}}'])
+    (call,) = [p for p in out if isinstance(p, ToolCall)]
+    assert (call.name, call.arguments) == ("f", {"x": 1})
+    # Prose that quotes a call stays prose, as the constraint left it free.
+    prose = ['To call it, send {"na', 'me": "f", "parameters": {"x": 1}} to the API.']
+    out = feed_all(ToolCallSplitter(llama3()), prose)
+    assert out and all(isinstance(p, str) for p in out) and "".join(out) == "".join(prose)
+    out = feed_all(ToolCallSplitter(llama3()), ['Sure.<|python_tag|>{"name": "g", "parameters": {}}'])
+    assert out[0] == "Sure.<|python_tag|>" and isinstance(out[1], ToolCall) and out[1].name == "g"

@@ -202,16 +202,17 @@ def _logits_width(model: nn.Module) -> int:
     return int(out.shape[-1])
 
 
-def tool_parser(loaded: LoadedModel) -> tuple[str, str, object] | None:
-    """(start marker, end marker, parse function) of the model's tool-call format, from mlx-lm."""
+def tool_parser(loaded: LoadedModel) -> tuple[str, str, object, bool] | None:
+    """(start marker, end marker, parse function, start only) of the model's tool-call format,
+    from mlx-lm; "start only": a call begins only at the reply's start or after `<|python_tag|>`."""
     import importlib
 
     tok = loaded.tokenizer
     if getattr(tok, "tool_call_start", None) and getattr(tok, "tool_parser", None) is not None:
-        return tok.tool_call_start, tok.tool_call_end or "", tok.tool_parser
+        return tok.tool_call_start, tok.tool_call_end or "", tok.tool_parser, False
     if not loaded.tool_format:
         return None
     if loaded.tool_format == "llama3_json":
-        return LLAMA3_JSON.marker.decode(), "", parse_llama3_call
+        return LLAMA3_JSON.marker.decode(), "", parse_llama3_call, LLAMA3_JSON.start_only
     module = importlib.import_module(f"mlx_lm.tool_parsers.{loaded.tool_format}")
-    return module.tool_call_start, module.tool_call_end, module.parse_tool_call
+    return module.tool_call_start, module.tool_call_end, module.parse_tool_call, False

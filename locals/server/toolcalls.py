@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 log = logging.getLogger(__name__)
+PYTHON_TAG = "<|python_tag|>"  # Llama 3.1's "a call follows"
 
 
 @dataclass
@@ -23,6 +24,9 @@ class ToolFormat:
     start: str
     end: str
     parse: Callable[[str, Any], Any]
+    # Llama 3.1: a call is the whole reply (after blanks) or follows `<|python_tag|>`;
+    # the same marker later in prose is text (the constraint leaves it free too).
+    start_only: bool = False
 
 
 @dataclass
@@ -46,8 +50,8 @@ def tool_format_of(loaded: Any) -> ToolFormat | None:
     found = tool_parser(loaded)
     if found is None:
         return None
-    start, end, parse = found
-    return ToolFormat(start=start, end=end, parse=parse)
+    start, end, parse, start_only = found
+    return ToolFormat(start=start, end=end, parse=parse, start_only=start_only)
 
 
 def _to_calls(parsed: Any) -> list[ToolCall]:
@@ -74,6 +78,7 @@ class ToolCallSplitter:
         self.calls: list[ToolCall] = []
         self._buf = ""
         self._in_call = False
+        self._emitted = ""  # text given out so far (start-only formats look back at it)
 
     def feed(self, text: str) -> list[str | ToolCall]:
         if self.fmt is None:
@@ -90,16 +95,30 @@ class ToolCallSplitter:
                 out.extend(self._parse(body))
                 continue
             start = self._buf.find(self.fmt.start)
+            while start >= 0 and not self._may_start(self._buf[:start]):
+                start = self._buf.find(self.fmt.start, start + 1)
             if start < 0:
                 keep = _partial_suffix(self._buf, self.fmt.start)
+                if keep and not self._may_start(self._buf[: len(self._buf) - keep]):
+                    keep = 0
                 emit, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep:]
                 if emit:
                     out.append(emit)
+                    self._emitted += emit
                 return out
             if start:
                 out.append(self._buf[:start])
+                self._emitted += self._buf[:start]
             self._buf = self._buf[start + len(self.fmt.start):]
             self._in_call = True
+
+    def _may_start(self, before: str) -> bool:
+        """Whether a call may start after `before` (text not yet given out) in this reply."""
+        if not self.fmt.start_only:
+            return True
+        text = self._emitted + before
+        tag = text.rfind(PYTHON_TAG)
+        return not text[tag + len(PYTHON_TAG):].strip() if tag >= 0 else not text.strip()
 
     def _call_end(self) -> int:
         """Where the open call's end marker is, -1 while it has not arrived.
