@@ -25,7 +25,7 @@ def untuned(engine, prompts, tokens):
         return run_locals(engine, prompts, tokens)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--random-model", default=None, help="qwen3-4b: random 4-bit Qwen3-4B shape (GPU)")
     ap.add_argument("--batches", default="1,2,4,8,16")
@@ -39,7 +39,26 @@ def main() -> None:
                     help="also run locals with MLX's own matmuls (no tuned kernels), when this chip is tuned")
     ap.add_argument("--dense-baseline", action="store_true",
                     help="also run mlx-lm on locals' (dense) weights, to separate weights from scheduling")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def runners_for(args, engine, lookup, ours, theirs, ps) -> dict:
+    """The variants timed at one batch size, by name."""
+    runners = {
+        "locals": lambda: run_locals(engine, ps, args.tokens),
+        "mlx-lm": lambda: run_mlx_lm(theirs, ps, args.tokens),
+    }
+    if args.untuned_baseline:
+        runners["locals-untuned"] = lambda: untuned(engine, ps, args.tokens)
+    if lookup is not None:
+        runners["locals-lookup"] = lambda: run_locals(lookup, ps, args.tokens)
+    if args.dense_baseline and args.random_model is None:
+        runners["mlx-lm-dense"] = lambda: run_mlx_lm(ours.model, ps, args.tokens)
+    return runners
+
+
+def main() -> None:
+    args = parse_args()
 
     from locals.engine.engine import Engine
     from locals.engine.settings import EngineConfig
@@ -63,17 +82,7 @@ def main() -> None:
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
             ps = prompts(ours.tokenizer, batch, args.prompt_len, seed=batch)
-            runners = {
-                "locals": lambda: run_locals(engine, ps, args.tokens),
-                "mlx-lm": lambda: run_mlx_lm(theirs, ps, args.tokens),
-            }
-            if args.untuned_baseline:
-                runners["locals-untuned"] = lambda: untuned(engine, ps, args.tokens)
-            if lookup is not None:
-                runners["locals-lookup"] = lambda: run_locals(lookup, ps, args.tokens)
-            if args.dense_baseline and args.random_model is None:
-                runners["mlx-lm-dense"] = lambda: run_mlx_lm(ours.model, ps, args.tokens)
-            res = interleaved(args.rounds, runners)
+            res = interleaved(args.rounds, runners_for(args, engine, lookup, ours, theirs, ps))
             row = {"batch": batch}
             for name, runs in res.items():
                 row[name] = {"decode_tps": summary([r["decode_tps"] for r in runs]),

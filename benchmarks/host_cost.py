@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 
 from benchmarks.common import byte_tokenizer, no_eos, prompts, write_results  # noqa: E402
-from benchmarks.step_profile import StepClock  # noqa: E402
+from benchmarks.step_profile import StepClock, ModuleProxy  # noqa: E402
 from locals.engine import step as step_module  # noqa: E402
 from locals.engine.bench import run_locals  # noqa: E402
 
@@ -57,9 +57,9 @@ class OpCounter:
                 self.counts.append(sum("shape=rectangle" in line for line in f))
             return real(*arrays)
 
-        proxy = type("CountingMx", (), {"__getattr__": lambda _, name: getattr(mx, name),
-                                        "async_eval": staticmethod(counting)})
-        step_module.mx = proxy()
+        proxy = ModuleProxy(mx)
+        proxy.async_eval = counting
+        step_module.mx = proxy
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ class StepClock:
 
             self._wrap(step_module, "forward")
             self._wrap(step_module, "sample")
-            queue = _Namespace(step_module.mx)
+            queue = ModuleProxy(step_module.mx)
             self._wrap(queue, "async_eval")
             step_module.mx = queue
         gc.callbacks.append(self._on_gc)
@@ -110,7 +110,7 @@ class StepClock:
         return out
 
 
-class _Namespace:
+class ModuleProxy:
     """A stand-in for a module whose attributes can be wrapped one by one."""
 
     def __init__(self, module):

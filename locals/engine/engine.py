@@ -126,10 +126,9 @@ class Engine:
         self._inbox.put(("wake",))
         self._thread.join()
         self._thread = None
-        # MLX objects left in reference cycles by the engine thread, and its compiled
-        # graphs, must go while MLX is alive: freed during interpreter shutdown they abort
-        # the process.
-        self.runner.compiled = CompiledBlocks()
+        # MLX objects left in reference cycles by the engine thread must go while MLX is
+        # alive: collected during interpreter shutdown they abort the process (the thread
+        # freed its compiled graphs itself, on its own stream).
         gc.collect()
         self._drain(block=False)
         for seq in self._active:

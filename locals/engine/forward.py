@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from locals.engine.kernels.registry import bypassed
 from locals.engine.kv import RowKV
 from locals.engine.rowfeed import RowOf, join_rows
 
@@ -227,7 +228,7 @@ class CompiledBlocks:
 
     def project(self, li: int, layer):
         attn = layer.self_attn
-        key = ("p", li, id(attn.q_proj), id(attn.k_proj), id(attn.v_proj), _kernel_mode())
+        key = ("p", li, id(attn.q_proj), id(attn.k_proj), id(attn.v_proj), bypassed())
         fn = self._fns.get(key)
         if fn is None:
             fn = self._fns[key] = mx.compile(lambda h, positions: _project(layer, h, positions))
@@ -235,15 +236,8 @@ class CompiledBlocks:
 
     def finish(self, li: int, layer):
         mlp = layer.mlp
-        key = ("f", li, id(layer.self_attn.o_proj), *(id(m) for m in mlp.children().values()), _kernel_mode())
+        key = ("f", li, id(layer.self_attn.o_proj), *(id(m) for m in mlp.children().values()), bypassed())
         fn = self._fns.get(key)
         if fn is None:
             fn = self._fns[key] = mx.compile(lambda h, o: _finish(layer, h, o))
         return fn
-
-
-def _kernel_mode() -> bool:
-    from locals.engine.kernels.registry import bypassed
-
-    return bypassed()
-

@@ -12,11 +12,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import mlx.core as mx
 
 from locals.engine.kernels.registry import patch_model
-from locals.engine.kernels.tuning import (TuningTable, current_chip, default_candidates, kernels_tag, load_table,
-                                          model_problems, save_table, screen, tune)
+from locals.engine.kernels.tuning import (current_chip, default_candidates, load_table, model_problems, new_table,
+                                          save_table, screen, tune)
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +37,8 @@ class BackgroundTuning:
     def _screen_step(self, interrupted: Callable[[], bool]) -> bool:
         """Verify candidates one by one until all are done (True) or `interrupted()` (False)."""
         if self._unscreened is None:
-            kind, chip = current_chip()
-            if self.table is None:
-                self.table = TuningTable(chip=chip, mlx=mx.__version__, kernels=kernels_tag(kind))
-            self._unscreened = default_candidates(kind)
+            self.table = self.table or new_table()
+            self._unscreened = default_candidates(current_chip()[0])
         while self._unscreened:
             passed = screen(self._unscreened[:1], self.problems, self.table, pause=interrupted)
             if passed is None:  # interrupted mid-way: this candidate starts over next time

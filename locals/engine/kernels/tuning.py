@@ -82,6 +82,12 @@ def table_path(chip: str, mlx_version: str) -> Path:
     return cache_dir() / "tuning" / f"{slug}.json"
 
 
+def new_table() -> TuningTable:
+    """An empty table for this chip, MLX version and kernel sources."""
+    kind, chip = current_chip()
+    return TuningTable(chip=chip, mlx=mx.__version__, kernels=kernels_tag(kind))
+
+
 def load_table(chip: str | None = None) -> TuningTable | None:
     """The stored table for this chip + MLX version (None when untuned or unreadable)."""
     kind, chip_name = current_chip() if chip is None else (chip.split(":", 1)[0], chip)
@@ -191,10 +197,10 @@ def tune(problems: list[Problem], rows: range | list[int] = range(1, qmm.MAX_ROW
     Candidates are first screened on `screen_shapes` (odd sizes) for every quantization,
     unless `screened` says `candidates` already passed `screen`.
     """
-    kind, chip = current_chip()
+    kind = current_chip()[0]
     progress = progress or (lambda _msg: None)
     if table is None:
-        table = TuningTable(chip=chip, mlx=mx.__version__, kernels=kernels_tag(kind))
+        table = new_table()
     pool = default_candidates(kind) if candidates is None else candidates
     if not screened:
         pool = screen(pool, problems, table, progress, screen_shapes)
