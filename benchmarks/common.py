@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
 import sys
 import time
@@ -44,7 +45,8 @@ def write_results(name: str, data: dict, path: Path | None = None) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     device = "gpu" if mx.default_device() == mx.gpu else "cpu"
     data = {"benchmark": name, "device": device, "machine": platform.machine(),
-            "mlx": mx.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:], **data}
+            "mlx": mx.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
+            "mlx_env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")}, **data}
     path = path or RESULTS / f"{name}-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(data, indent=1))
     return path

@@ -1,10 +1,14 @@
 """Constrained decoding costs: step time at B=8 with all rows constrained vs none, mask time,
 compile time per schema, first-seen 24-tool latency, and the share of jump-forward tokens.
 
+Step time is measured twice: a plain decode loop over the model (mask built and applied
+between forward passes, each timed on its own), and the engine itself (`engine_*`: rows
+constrained or not, interleaved rounds), which is what a server runs.
+
 Also the compile time of one tool's call automaton in each tool-call format. Writes
 benchmarks/results/constraint-<device>-<time>.json.
 
-Run: python benchmarks/constraint.py [--model smollm2] [--steps 32] [--json out.json]
+Run: python benchmarks/constraint.py [--model smollm2] [--steps 32] [--engine-tokens 400] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -51,7 +57,7 @@ def edit_tools(tag: str, n: int) -> list[dict]:
 
 
 def step_times(loaded, prompt, batch: int, steps: int, constrained: bool) -> tuple[float, float, float]:
-    """Mean seconds per decode step, per mask build+apply, and the jump-forward share."""
+    """Mean seconds per decode step, host seconds per mask build+apply, and the jump-forward share."""
     tools = tool_set("bench", 6)
     cs = [build_constraint(loaded, tools=tools, tool_choice="required", max_tokens=10_000) for _ in range(batch)]
     cache = make_prompt_cache(loaded.model)
@@ -63,8 +69,9 @@ def step_times(loaded, prompt, batch: int, steps: int, constrained: bool) -> tup
     for _ in range(steps):
         if constrained:
             t0 = time.perf_counter()
+            # Host time to build the masks and queue their application; the device part
+            # runs inside the step's own evaluation, as in the engine.
             masked = apply_bitmasks(logits, mx.stack([c.mask() for c in cs]))
-            mx.eval(masked)
             mask_s += time.perf_counter() - t0
         else:
             masked = logits
@@ -87,6 +94,56 @@ def step_times(loaded, prompt, batch: int, steps: int, constrained: bool) -> tup
         mx.eval(logits)
     elapsed = time.perf_counter() - start
     return elapsed / steps, mask_s / steps, forced_count / max(total, 1)
+
+
+def engine_step_times(loaded, prompt, batch: int, tokens: int, constrained: bool) -> dict:
+    """The engine at `batch` rows, all constrained (tool_choice required; a finished call is
+    replaced by a new request) or none: seconds per engine step and tokens per second."""
+    from locals.engine.bench import without_eos
+    from locals.engine.engine import Engine
+    from locals.engine.settings import EngineConfig
+    from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+
+    loaded = without_eos(loaded)  # free rows decode their whole budget, like constrained ones
+    tools = tool_set("bench", 6)
+    engine = Engine(loaded, EngineConfig(max_batch=batch, speculate=False))
+    engine.start()
+    done, lock = threading.Event(), threading.Lock()
+    state = {"tokens": 0, "open": 0, "steps0": 0, "t0": 0.0}
+
+    def submit() -> None:
+        c = build_constraint(loaded, tools=tools, tool_choice="required", max_tokens=10_000) if constrained else None
+        state["open"] += 1
+        engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=96), constraint=c), sink)
+
+    def sink(ev) -> None:
+        with lock:
+            if isinstance(ev, TokenEvent):
+                if not state["t0"]:  # every row has read its prompt: time decode steps from here
+                    state["t0"], state["steps0"] = time.perf_counter(), engine.counters.steps
+                state["tokens"] += len(ev.tokens)
+            elif isinstance(ev, FinishEvent):
+                state["open"] -= 1
+                if ev.error:
+                    state["error"] = ev.error
+                    done.set()
+                elif state["tokens"] < tokens:
+                    submit()  # keep the batch full
+                elif state["open"] == 0:
+                    state["t1"], state["steps1"] = time.perf_counter(), engine.counters.steps
+                    done.set()
+
+    try:
+        with lock:
+            for _ in range(batch):
+                submit()
+        done.wait()
+    finally:
+        engine.stop()
+    if "error" in state:
+        raise RuntimeError(f"a request failed: {state['error']}")
+    elapsed, steps = state["t1"] - state["t0"], state["steps1"] - state["steps0"]
+    return {"s_per_step": elapsed / steps, "tokens_per_s": state["tokens"] / elapsed, "steps": steps}
 
 
 def compile_times(loaded) -> dict[str, float]:
@@ -137,6 +194,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--engine-tokens", type=int, default=400,
+                        help="tokens per engine run (constrained requests are replaced as they finish)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved engine rounds")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
     if needs_fast_blas_reexec():
@@ -151,6 +211,22 @@ def main() -> None:
     constrained, mask_s, forced = step_times(loaded, prompt, args.batch, args.steps, True)
     results.update(step_s_unconstrained=free, step_s_constrained=constrained,
                    overhead=constrained / free - 1, mask_s_per_step=mask_s, jump_forward_share=forced)
+    # The same through the engine (pipelined steps, masks on the device inside the step),
+    # interleaved over rounds: median and range of seconds per step.
+    runs = {"free": [], "constrained": []}
+    for _ in range(args.rounds):
+        for name in runs:
+            runs[name].append(engine_step_times(loaded, prompt, args.batch, args.engine_tokens, name == "constrained"))
+    for name, rs in runs.items():
+        per_step = sorted(r["s_per_step"] for r in rs)
+        results[f"engine_s_per_step_{name}"] = statistics.median(per_step)
+        results[f"engine_s_per_step_{name}_range"] = f"{per_step[0]:.4f}-{per_step[-1]:.4f}"
+        results[f"engine_tokens_per_s_{name}"] = statistics.median(r["tokens_per_s"] for r in rs)
+    # Constrained steps also carry jump-forward tokens (several per row), so they are heavier
+    # per step and lighter per token: both ratios are kept.
+    results["engine_step_time_ratio"] = results["engine_s_per_step_constrained"] / results["engine_s_per_step_free"]
+    results["engine_tokens_per_s_ratio"] = (results["engine_tokens_per_s_constrained"]
+                                            / results["engine_tokens_per_s_free"])
     for key, value in results.items():
         print(f"{key:44} {value:.4f}" if isinstance(value, float) else f"{key:44} {value}")
     print("wrote", write_results("constraint", results))

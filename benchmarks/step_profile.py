@@ -107,6 +107,9 @@ class StepClock:
         out["step"] = round(statistics.median(gaps) * 1e3, 3) if gaps else None
         out["steps"] = len(self.marks)
         out["gc_ms_per_step"] = round(self.gc_s * 1e3 / max(len(self.marks), 1), 3)
+        # Every step's time, in order: a median can hide two kinds of step.
+        out["step_samples"] = [round(g * 1e3, 2) for g in gaps]
+        out["launch_samples"] = [round(v * 1e3, 2) for v in self.samples["launch"]]
         return out
 
 
@@ -136,12 +139,19 @@ def variant(name: str):
         forward.COMPILE_MAX_TOKENS = limit
 
 
+def brief(report: dict) -> dict:
+    """A report without its per-step samples, for printing."""
+    return {k: v for k, v in report.items() if not k.endswith("_samples")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--random-model", default=None, help="qwen3-4b on a GPU; qwen3-tiny tries it on a CPU")
     ap.add_argument("--batches", default="1,4,8,16,32")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--variants", default="locals,no-compile,mlx-ops",
+                    help="which of locals, no-compile, mlx-ops to run")
     args = ap.parse_args()
 
     from locals.engine.engine import Engine
@@ -157,7 +167,7 @@ def main() -> None:
         for batch in [int(b) for b in args.batches.split(",")]:
             ps = prompts(ours.tokenizer, batch, args.prompt_len, seed=batch)
             row = {"batch": batch}
-            for name in ("locals", "no-compile", "mlx-ops"):
+            for name in args.variants.split(","):
                 if name == "mlx-ops" and not engine.patched_layers:
                     continue
                 with variant(name):
@@ -166,7 +176,8 @@ def main() -> None:
                     result = run_locals(engine, ps, args.tokens)
                 row[name] = {**clock.report(), "decode_tps": round(result["decode_tps"], 1)}
             rows.append(row)
-            print(f"B={batch:3d} " + "  ".join(f"{k}: {v}" for k, v in row.items() if k != "batch"), flush=True)
+            print(f"B={batch:3d} " + "  ".join(f"{k}: {brief(v)}" for k, v in row.items() if k != "batch"),
+                  flush=True)
             # After each batch size: a run cut short keeps what it measured.
             path = write_results("step_profile", {"model": label, "tokens": args.tokens, "rows": rows,
                                                   "tuned_layers": engine.patched_layers}, path)
