@@ -74,6 +74,19 @@ def mlx_version() -> str:
     return mx.__version__
 
 
+def keep_compiled_kernels() -> None:
+    """Keep MLX's compiled CUDA kernels under locals' cache, per MLX version.
+
+    MLX's default is a temp dir that a reboot empties, and compiling kernels with CUDA's
+    runtime compiler takes seconds each (tuning compiles dozens). A user's own
+    MLX_PTX_CACHE_DIR wins. MLX reads it at its first kernel compile: call this before.
+    """
+    if "MLX_PTX_CACHE_DIR" not in os.environ:
+        from locals.config import cache_dir
+
+        os.environ["MLX_PTX_CACHE_DIR"] = str(cache_dir() / "cuda-kernels" / mlx_version())
+
+
 def needs_fast_blas_reexec() -> bool:
     """True on Linux when OpenBLAS is installed, not yet preloaded, and re-exec is allowed."""
     if sys.platform != "linux" or os.environ.get(_REEXEC_FLAG) or os.environ.get("LOCALS_NO_OPENBLAS"):
