@@ -75,7 +75,8 @@ def tune(
     bits: int = typer.Option(4, "--bits", help="Quantization bits for --shape (4 or 8)."),
     group_size: int = typer.Option(64, "--group-size", help="Quantization group size for --shape."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype for --shape."),
-    rows: str = typer.Option("1-16", "--rows", help="Batch rows to tune, e.g. 1-16."),
+    rows: Optional[str] = typer.Option(None, "--rows",
+                                       help="Batch rows to tune, e.g. 1-16 [default: 1-7 on CUDA, 1-16 elsewhere]."),
     rounds: int = typer.Option(7, "--rounds", help="Interleaved timing rounds per choice."),
     fresh: bool = typer.Option(False, "--fresh", help="Forget earlier results for this chip first."),
     report: bool = typer.Option(False, "--report", help="Only show what is stored for this chip."),
@@ -92,7 +93,7 @@ def tune(
         return
     if bits not in (4, 8) or dtype not in ("bfloat16", "float16", "float32"):
         raise LocalsError("--bits must be 4 or 8 and --dtype one of bfloat16, float16, float32")
-    row_list = _parse_rows(rows)
+    row_list = _parse_rows(rows) if rows else None
     if shape:
         problems = [_parse_shape(s, bits, group_size, dtype) for s in shape]
     else:

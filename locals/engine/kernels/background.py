@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable
 
 
+from locals.engine.kernels import qmm
 from locals.engine.kernels.registry import patch_model
 from locals.engine.kernels.tuning import (current_chip, default_candidates, load_table, model_problems, new_table,
                                           save_table, screen, tune)
@@ -25,9 +26,9 @@ BACKGROUND_ROUNDS = 5  # fewer than `locals tune`'s 7: a slice must end soon aft
 class BackgroundTuning:
     """The engine's idle work for one model: tune what is missing, then patch the model."""
 
-    def __init__(self, model, rows: range | list[int] = range(1, 17)):
+    def __init__(self, model, rows: range | list[int] | None = None):
         self.model = model
-        self.rows = list(rows)
+        self.rows = qmm.tuning_rows(current_chip()[0]) if rows is None else list(rows)
         self.problems = model_problems(model)
         self.table = load_table()
         self.patched = 0
@@ -40,7 +41,8 @@ class BackgroundTuning:
             self.table = self.table or new_table()
             self._unscreened = default_candidates(current_chip()[0])
         while self._unscreened:
-            passed = screen(self._unscreened[:1], self.problems, self.table, pause=interrupted)
+            passed = screen(self._unscreened[:1], self.problems, self.table, pause=interrupted,
+                            max_rows=max(self.rows))
             if passed is None:  # interrupted mid-way: this candidate starts over next time
                 return False
             self._pool += passed

@@ -22,7 +22,7 @@ import mlx.core as mx
 from locals.config import cache_dir
 from locals.engine.kernels import qmm
 from locals.engine.kernels.reference import DequantizedCandidate, PaddedCandidate, quantized_matmul, random_problem
-from locals.engine.kernels.verify import DEFAULT_SHAPES, Case, check, default_cases, passes, verify
+from locals.engine.kernels.verify import DEFAULT_ROWS, DEFAULT_SHAPES, Case, check, default_cases, passes, verify
 
 MLX_OP = "mlx"  # the choice that means "keep MLX's own quantized_matmul"
 MARGIN = 0.03
@@ -139,19 +139,21 @@ def measure(fns: dict[str, Callable[[], mx.array]], rounds: int = 7, repeats: in
 
 def screen(candidates: list, problems: list[Problem], table: TuningTable,
            progress: Callable[[str], None] | None = None, shapes=DEFAULT_SHAPES,
-           pause: Callable[[], bool] | None = None) -> list | None:
-    """Candidates that pass the full verification sweep for every quantization in `problems`
-    (failures are recorded in `table.rejected`); None when `pause()` turned True between
-    two cases (each case may compile a kernel: ~seconds on CUDA, so a request waits one)."""
+           pause: Callable[[], bool] | None = None, max_rows: int = qmm.MAX_ROWS) -> list | None:
+    """Candidates that pass the full verification sweep for every quantization in `problems`,
+    up to `max_rows` rows (failures are recorded in `table.rejected`); None when `pause()`
+    turned True between two cases (each case may compile a kernel: ~seconds on CUDA, so a
+    request waits one)."""
     progress = progress or (lambda _msg: None)
     quants = sorted({(p.bits, p.group_size, p.dtype) for p in problems})
+    rows = sorted({m for m in DEFAULT_ROWS if m <= max_rows} | {max_rows})
     kept = []
     for cand in candidates:
         if cand.name in table.rejected:
             continue
         for bits, group, dtype in quants:
             verdicts = []
-            for case in default_cases(bits, group, getattr(mx, dtype), shapes=shapes):
+            for case in default_cases(bits, group, getattr(mx, dtype), rows=rows, shapes=shapes):
                 if pause is not None and pause():
                     return None
                 verdicts += verify(cand, [case])
@@ -188,22 +190,24 @@ def _tune_one(problem: Problem, rows: int, candidates: list, rounds: int, repeat
     return choice, {name: round(us, 2) for name, us in medians.items()}
 
 
-def tune(problems: list[Problem], rows: range | list[int] = range(1, qmm.MAX_ROWS + 1), candidates=None,
+def tune(problems: list[Problem], rows: range | list[int] | None = None, candidates=None,
          table: TuningTable | None = None, pause: Callable[[], bool] | None = None,
          progress: Callable[[str], None] | None = None, rounds: int = 7, repeats: int = 20,
          screen_shapes=DEFAULT_SHAPES, screened: bool = False) -> TuningTable:
-    """Tune every (problem, rows) not yet in `table`; stops early (complete=False) when `pause()`.
+    """Tune every (problem, rows) not yet in `table` (rows: this backend's `tuning_rows`);
+    stops early (complete=False) when `pause()`.
 
     Candidates are first screened on `screen_shapes` (odd sizes) for every quantization,
     unless `screened` says `candidates` already passed `screen`.
     """
     kind = current_chip()[0]
+    rows = qmm.tuning_rows(kind) if rows is None else list(rows)
     progress = progress or (lambda _msg: None)
     if table is None:
         table = new_table()
     pool = default_candidates(kind) if candidates is None else candidates
     if not screened:
-        pool = screen(pool, problems, table, progress, screen_shapes)
+        pool = screen(pool, problems, table, progress, screen_shapes, max_rows=max(rows))
     for problem in problems:
         done = table.choices.setdefault(problem.key, {})
         for m in rows:
