@@ -4,9 +4,11 @@
 next_step, reap) and garbage collection, per batch size; as shipped, without compiled
 layers, and without tuned kernels (if tuned).
 
-With pipelining, the device runs step n while Python builds step n+1: a step is
-host-bound when `wait` is near zero (the device idles), device-bound when `wait` is most
-of the step.
+With pipelining, the device runs step n while Python builds step n+1. A large `wait`
+means the step is device-bound, but a small one does not prove it host-bound: MLX blocks
+inside `async_eval` once more than 10 command buffers are in flight (on CUDA a buffer is
+a graph of 20 kernels), so device time can show up in `launch`. A native profile (py-spy
+--native) of the engine thread tells them apart: busy means host-bound.
     python benchmarks/step_profile.py --random-model qwen3-4b --batches 1,4,8,16,32
 """
 

@@ -138,10 +138,33 @@ def test_tune_pauses_and_resumes():
     problem = Problem(16, 64, 8, 32, "float32")
     table = tune([problem], rows=[1, 2, 3], candidates=[DequantizedCandidate()], rounds=1, repeats=1,
                  pause=lambda: True, screen_shapes=SMALL_SHAPES)
-    assert not table.complete and table.choices[problem.key] == {}
+    assert not table.complete and not table.choices.get(problem.key)  # paused while verifying
     table = tune([problem], rows=[1, 2, 3], candidates=[DequantizedCandidate()], table=table, rounds=1, repeats=1,
                  screen_shapes=SMALL_SHAPES)
     assert table.complete and set(table.choices[problem.key]) == {"1", "2", "3"}
+
+
+def test_tuning_rows_skip_what_mlx_wins_on_cuda():
+    assert qmm.tuning_rows("cuda") == list(range(1, 8))
+    assert qmm.tuning_rows("metal") == qmm.tuning_rows("cpu") == list(range(1, 17))
+
+
+def test_ctrl_c_or_sigterm_stops_tuning_at_a_pause_point():
+    import os
+    import signal
+
+    from locals.cli.tune import stop_requested
+
+    before = signal.getsignal(signal.SIGTERM)
+    with stop_requested() as stop:
+        assert not stop.is_set()
+        os.kill(os.getpid(), signal.SIGTERM)  # would end the process without the handler
+        assert stop.wait(5)
+        problem = Problem(16, 64, 8, 32, "float32")
+        table = tune([problem], rows=[1], candidates=[DequantizedCandidate()], rounds=1, repeats=1,
+                     pause=stop.is_set, screen_shapes=SMALL_SHAPES)
+        assert not table.complete
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def _quantized_mlp():

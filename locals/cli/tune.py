@@ -6,6 +6,9 @@ problems (a model's quantized layers or explicit shapes) and prints the table.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from typing import Optional
 
 import typer
@@ -104,12 +107,29 @@ def tune(
                           "weights), so there is nothing to tune: MLX's own ops are used.")
             return
     table = None if fresh else load_table()
-    with console_err.status("verifying and timing kernels…", spinner="dots") as status:
+    with stop_requested() as stop, console_err.status("verifying and timing kernels…", spinner="dots") as status:
         table = run_tuning(problems, rows=row_list, table=table, rounds=rounds,
-                           progress=lambda msg: status.update(msg))
+                           progress=lambda msg: status.update(msg), pause=stop.is_set)
     path = save_table(table)
     print_table(table)
     console_err.print(f"[dim]saved to {path}[/dim]")
+    if not table.complete:
+        console_err.print("[yellow]stopped early:[/yellow] what was measured is saved; run "
+                          "`locals tune` again to resume")
+
+
+@contextlib.contextmanager
+def stop_requested():
+    """An Event set by Ctrl-C or SIGTERM while tuning: tuning stops at its next pause point
+    (within one kernel compile or timing round) so the partial table can be saved."""
+    stop = threading.Event()
+    handler = lambda _sig, _frame: stop.set()  # noqa: E731
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def register(app: typer.Typer) -> None:

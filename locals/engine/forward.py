@@ -206,8 +206,9 @@ def _per_row(model, rows: list[RowInput]) -> mx.array:
 
 
 # Passes of at most this many tokens (decode steps, short forced or draft chunks) run each
-# layer's projection and MLP halves as compiled graphs: a decode step is host-bound (the
-# device waited 0.007 ms per step on an H200 at B = 1-32, benchmarks/step_profile.py), and
+# layer's projection and MLP halves as compiled graphs: a decode step of a 4B model on an
+# H200 is host-bound at B = 8 (a native profile found the engine thread busy through the
+# whole step: ~70% queuing ops inside MLX's eval, ~24% building the graph in Python), and
 # compiling removes the Python work of building ~20 ops per layer. Longer passes (prompt
 # chunks) are compute-bound and would each compile a new shape.
 COMPILE_MAX_TOKENS = 64

@@ -207,7 +207,9 @@ def tune(problems: list[Problem], rows: range | list[int] | None = None, candida
         table = new_table()
     pool = default_candidates(kind) if candidates is None else candidates
     if not screened:
-        pool = screen(pool, problems, table, progress, screen_shapes, max_rows=max(rows))
+        pool = screen(pool, problems, table, progress, screen_shapes, pause=pause, max_rows=max(rows))
+        if pool is None:  # paused while verifying: nothing timed yet
+            return table
     for problem in problems:
         done = table.choices.setdefault(problem.key, {})
         for m in rows:
