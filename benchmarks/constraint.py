@@ -197,13 +197,16 @@ def main() -> None:
     parser.add_argument("--engine-tokens", type=int, default=400,
                         help="tokens per engine run (constrained requests are replaced as they finish)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved engine rounds")
+    parser.add_argument("--steps-only", action="store_true", help="skip the compile-time measurements")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
     if needs_fast_blas_reexec():
         reexec_with_fast_blas()  # the CPU numbers assume OpenBLAS, like the CLI
     loaded = load_model(args.model)
     token_vocab(loaded.tokenizer, loaded.vocab_size)
-    results = {"model": loaded.name, "batch": args.batch, **compile_times(loaded)}
+    results = {"model": loaded.name, "batch": args.batch}
+    if not args.steps_only:
+        results.update(compile_times(loaded))
     prompt = encode_prompt(loaded, render_prompt(loaded, [{"role": "user", "content": "List the files."}],
                                                  tools=tool_set("bench", 6)))
     step_times(loaded, prompt, args.batch, 4, True)  # warm: compiles, device tables

@@ -78,7 +78,8 @@ def keep_compiled_kernels() -> None:
     """Keep MLX's compiled CUDA kernels under locals' cache, per MLX version.
 
     MLX's default is a temp dir that a reboot empties, and compiling kernels with CUDA's
-    runtime compiler takes seconds each (tuning compiles dozens). A user's own
+    runtime compiler takes seconds each. MLX keeps its own JIT kernels there (e.g. the fused
+    kernels of compiled graphs), not custom ones like the tuning candidates. A user's own
     MLX_PTX_CACHE_DIR wins. MLX reads it at its first kernel compile: call this before.
     """
     if "MLX_PTX_CACHE_DIR" not in os.environ:
