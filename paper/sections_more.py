@@ -41,6 +41,12 @@ CONSTRAINT_LABELS = {
     "all_calls_compiled_24_edit_tools_qwen3_coder": ("compile: every call of 24 edit tools, Qwen3-Coder XML", 1.0, " s"),
     "all_calls_transitions_24_edit_tools_qwen3_coder": ("transitions: every call of 24 edit tools, Qwen3-Coder XML",
                                                         1.0, ""),
+    "engine_s_per_step_free": ("engine: step, no row constrained", 1.0, " s"),
+    "engine_s_per_step_constrained": ("engine: step, every row constrained (with jump-forward tokens)", 1.0, " s"),
+    "engine_tokens_per_s_free": ("engine: tokens/s, no row constrained", 1.0, " tok/s"),
+    "engine_tokens_per_s_constrained": ("engine: tokens/s, every row constrained", 1.0, " tok/s"),
+    "engine_step_time_ratio": ("engine: step time, constrained / free", 1.0, "×"),
+    "engine_tokens_per_s_ratio": ("engine: tokens/s, constrained / free", 1.0, "×"),
 }
 
 
@@ -48,7 +54,7 @@ def _metric(key: str, value: float) -> str:
     _, scale, unit = CONSTRAINT_LABELS.get(key, (key, 1.0, ""))
     if key.startswith(("one_tool_transitions", "all_calls_transitions")):
         return f"{int(value):,}"
-    digits = 1 if unit in ("%", " ms") else 3
+    digits = 1 if unit in ("%", " ms", " tok/s") else 2 if unit == "×" else 3
     return f"{value * scale:.{digits}f}{unit}"
 
 
