@@ -19,3 +19,12 @@ def test_a_users_own_kernel_cache_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("MLX_PTX_CACHE_DIR", "/elsewhere")
     keep_compiled_kernels()
     assert os.environ["MLX_PTX_CACHE_DIR"] == "/elsewhere"
+
+
+def test_an_unwritable_cache_leaves_mlx_its_default(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("LOCALS_HOME", str(blocker))  # cache_dir() cannot be created under a file
+    monkeypatch.delenv("MLX_PTX_CACHE_DIR", raising=False)
+    keep_compiled_kernels()
+    assert "MLX_PTX_CACHE_DIR" not in os.environ

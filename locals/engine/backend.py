@@ -82,10 +82,14 @@ def keep_compiled_kernels() -> None:
     kernels of compiled graphs), not custom ones like the tuning candidates. A user's own
     MLX_PTX_CACHE_DIR wins. MLX reads it at its first kernel compile: call this before.
     """
-    if "MLX_PTX_CACHE_DIR" not in os.environ:
-        from locals.config import cache_dir
+    if "MLX_PTX_CACHE_DIR" in os.environ:
+        return
+    from locals.config import cache_dir
 
+    try:
         os.environ["MLX_PTX_CACHE_DIR"] = str(cache_dir() / "cuda-kernels" / mlx_version())
+    except OSError:  # no writable cache folder: MLX's default is as good as nothing
+        pass
 
 
 def needs_fast_blas_reexec() -> bool:
