@@ -1,14 +1,44 @@
 #!/usr/bin/env bash
-# Every engine benchmark on a GPU machine in one go (random-weight 4-bit Qwen3-4B shape);
-# results go to benchmarks/results/ and, when $OUT is set, are copied there too.
-#   bash benchmarks/device_run.sh [qwen3-4b]      (qwen3-tiny tries it out on a CPU)
+# The GPU benchmarks in parts, each under its own time limit, saving as they go; results go
+# to benchmarks/results/ and, when $OUT is set, are copied there after each part.
+#   bash benchmarks/device_run.sh [PARTS] [MODEL]
+# PARTS (comma-separated, in order; default tune,decode,long):
+#   tune        `locals tune` on MODEL's layer shapes, stopped after $TUNE_SECONDS (400) with
+#               what it measured saved, so the next parts run the tuned kernels
+#   decode      batch_decode B = 1..32, locals (tuned) vs locals untuned vs mlx-lm, 3 rounds
+#   profile     step_profile B = 1,4,8,32 (phases of a decode step)
+#   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
+#   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
+# MODEL: qwen3-4b (default) on a GPU; qwen3-tiny tries the script out on a CPU.
 set -u
 cd "$(dirname "$0")/.."
-model=${1:-qwen3-4b}
+parts=${1:-tune,decode,long}
+model=${2:-qwen3-4b}
 long=${LONG_TOKENS:-8192}
-python3 -c 'import mlx.core as mx; print("device:", mx.default_device())'
-timeout ${DECODE_TIMEOUT:-300} python3 benchmarks/batch_decode.py --random-model "$model" \
-  --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 2
-timeout ${LONG_TIMEOUT:-200} python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2
-timeout ${LONG_TIMEOUT:-200} python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2 --budget 1024
-if [ -n "${OUT:-}" ]; then cp benchmarks/results/*.json "$OUT"/ 2>/dev/null; fi
+python3 -c 'import mlx.core as mx; print("device:", mx.default_device(), mx.__version__)'
+save() { if [ -n "${OUT:-}" ]; then cp benchmarks/results/*.json "$OUT"/ 2>/dev/null; fi; }
+shapes() {
+  # The quantized layers of a random Qwen3 of this shape: q, k/v, o, gate/up, down.
+  python3 - "$model" <<'PY'
+import sys
+from benchmarks.common import QWEN3_SHAPES
+s = QWEN3_SHAPES[sys.argv[1]]
+h, i, q, kv = s["hidden_size"], s["intermediate_size"], s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
+print(" ".join(f"--shape {n}x{k}" for n, k in sorted({(q, h), (kv, h), (h, q), (i, h), (h, i)})))
+PY
+}
+for part in ${parts//,/ }; do
+  echo "== $part"
+  case $part in
+    tune) timeout -s TERM -k 30 "${TUNE_SECONDS:-400}" python3 -m locals tune $(shapes) --rounds 3 ;;
+    decode) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
+      --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline ;;
+    profile) timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/step_profile.py --random-model "$model" \
+      --batches 1,4,8,32 --tokens 32 --variants locals ;;
+    long) timeout "${LONG_TIMEOUT:-200}" python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2 ;;
+    constraint) timeout "${CONSTRAINT_TIMEOUT:-300}" python3 benchmarks/constraint.py --steps 48 --steps-only \
+      --engine-tokens 400 --rounds 3 ;;
+    *) echo "unknown part: $part (see the comment at the top)"; exit 2 ;;
+  esac
+  save
+done
