@@ -146,3 +146,27 @@ def test_background_verification_is_interruptible_and_done_once(locals_home, mon
     assert work(lambda: False) is False and work.missing == 0
     # The interrupted candidate started over; every other one was verified exactly once.
     assert screened[0] == screened[1] and len(screened) == len(set(screened)) + 1 >= 3
+
+
+def test_background_tuning_swaps_each_layer_shape_once_timed_largest_first(locals_home):
+    from locals.engine.kernels.registry import TunedQuantizedLinear
+
+    mx.random.seed(0)
+    model = nn.Sequential(nn.Linear(256, 128), nn.Linear(256, 192))
+    model.set_dtype(mx.bfloat16)
+    nn.quantize(model, group_size=64, bits=4)
+    told = []
+    # bfloat16 at 3-4 rows: on a CPU MLX's quantized op takes ~2-3x as long as
+    # dequantize-then-matmul there, so each shape gets a route and its layer is swapped.
+    work = BackgroundTuning(model, rows=[3, 4], on_patch=told.append)
+    assert [p.n for p in work.problems] == [192, 128]
+
+    def after_first_shape():
+        return work.table is not None and len(work.table.choices.get(work.problems[0].key, {})) == 2
+
+    assert work(after_first_shape) is True
+    small, large = model.layers
+    assert isinstance(large, TunedQuantizedLinear) and not isinstance(small, TunedQuantizedLinear)
+    assert told == [1] and work.patched == 1
+    assert work(lambda: False) is False
+    assert isinstance(model.layers[0], TunedQuantizedLinear) and told == [1, 1] and work.patched == 2

@@ -34,7 +34,7 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
         key = model_key(loaded.model_id, loaded.tokenizer, revision=loaded.info.get("revision", ""))
         cache = TieredPrefixCache(memory, DiskPrefixStore(cache_dir() / "prompts", key, disk_cache_bytes))
     engine = Engine(loaded, config, prefix_cache=cache, guards=[repetition_guard_factory(repetition)])
-    engine.idle_work = _background_tuning(loaded) if config.tuned_kernels else None
+    engine.idle_work = _background_tuning(loaded, engine) if config.tuned_kernels else None
     _warm_constraints(loaded)
     return engine
 
@@ -60,12 +60,16 @@ def _off(value: str) -> bool:
     return value.strip().lower() in ("0", "false", "off", "no")
 
 
-def _background_tuning(loaded):
-    """Kernel tuning as the engine's idle work on an untuned GPU (None on a CPU or when tuned)."""
+def _background_tuning(loaded, engine):
+    """Kernel tuning as the engine's idle work on an untuned GPU (None on a CPU or when tuned);
+    the layers it swaps count in the engine's `tuned_layers`."""
     try:
         from locals.engine.kernels.background import background_tuning
 
-        return background_tuning(loaded)
+        work = background_tuning(loaded)
+        if work is not None:
+            work.on_patch = lambda n: setattr(engine, "patched_layers", engine.patched_layers + n)
+        return work
     except Exception:  # tuning is an optimisation; MLX's own ops serve meanwhile
         log.exception("background kernel tuning unavailable")
         return None

@@ -1,7 +1,8 @@
 """Tuning on first use: on a GPU whose tuning table lacks the loaded model's layers, the engine
 thread verifies and times the kernels while no request is around (pausing the moment one
-arrives), saves the table after each slice, and swaps in the winners once all are tuned.
-Candidates are verified once per process, one at a time, so a slice never blocks long.
+arrives), saves the table after each slice, and swaps in a layer shape's winners as soon as
+all its row counts are timed (largest layers first). Candidates are verified once per
+process, one at a time, so a slice never blocks long.
 
 The same work as `locals tune`, run as the engine's idle work; on a CPU there is nothing
 to tune (the engine runs dense weights there).
@@ -9,6 +10,7 @@ to tune (the engine runs dense weights there).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -26,12 +28,15 @@ BACKGROUND_ROUNDS = 5  # fewer than `locals tune`'s 7: a slice must end soon aft
 class BackgroundTuning:
     """The engine's idle work for one model: tune what is missing, then patch the model."""
 
-    def __init__(self, model, rows: range | list[int] | None = None):
+    def __init__(self, model, rows: range | list[int] | None = None,
+                 on_patch: Callable[[int], None] | None = None):
         self.model = model
         self.rows = qmm.tuning_rows(current_chip()[0]) if rows is None else list(rows)
         self.problems = model_problems(model)
         self.table = load_table()
         self.patched = 0
+        self.on_patch = on_patch  # told how many more layers use tuned kernels
+        self._patched_keys: set[str] = set()
         self._unscreened: list | None = None  # candidates not verified yet (None: not started)
         self._pool: list = []  # candidates that passed verification
 
@@ -65,11 +70,24 @@ class BackgroundTuning:
         self.table = tune(self.problems, rows=self.rows, candidates=self._pool, table=self.table,
                           pause=interrupted, rounds=BACKGROUND_ROUNDS, screened=True)
         save_table(self.table)
+        self._patch_finished()
         if self.missing:
             return True
-        self.patched = patch_model(self.model, self.table)
         log.info("kernel tuning done: %d layers now use tuned kernels", self.patched)
         return False
+
+    def _patch_finished(self) -> None:
+        """Swap in the tuned kernels of every layer shape whose row counts are all timed."""
+        done = {p.key for p in self.problems
+                if all(str(m) in self.table.choices.get(p.key, {}) for m in self.rows)} - self._patched_keys
+        if not done:
+            return
+        finished = dataclasses.replace(self.table, choices={k: self.table.choices[k] for k in done})
+        swapped = patch_model(self.model, finished)
+        self._patched_keys |= done
+        self.patched += swapped
+        if swapped and self.on_patch is not None:
+            self.on_patch(swapped)
 
 
 def background_tuning(loaded) -> BackgroundTuning | None:

@@ -229,7 +229,8 @@ def tune(problems: list[Problem], rows: range | list[int] | None = None, candida
 
 
 def model_problems(model) -> list[Problem]:
-    """The distinct quantized-linear problems of a model (affine 4/8-bit layers only)."""
+    """The distinct quantized-linear problems of a model (affine 4/8-bit layers only), largest
+    weight first: a tuning run that stops early has done the layers that matter most."""
     import mlx.nn as nn
 
     seen = {}
@@ -239,4 +240,4 @@ def model_problems(model) -> list[Problem]:
             problem = Problem(n, packed * 32 // layer.bits, layer.bits, layer.group_size,
                               str(layer.scales.dtype).rsplit(".", 1)[-1])
             seen[problem.key] = problem
-    return list(seen.values())
+    return sorted(seen.values(), key=lambda p: p.n * p.k, reverse=True)
