@@ -96,18 +96,12 @@ def step_times(loaded, prompt, batch: int, steps: int, constrained: bool) -> tup
     return elapsed / steps, mask_s / steps, forced_count / max(total, 1)
 
 
-def engine_step_times(loaded, prompt, batch: int, tokens: int, constrained: bool) -> dict:
-    """The engine at `batch` rows, all constrained (tool_choice required; a finished call is
-    replaced by a new request) or none: seconds per engine step and tokens per second."""
-    from locals.engine.bench import without_eos
-    from locals.engine.engine import Engine
-    from locals.engine.settings import EngineConfig
+def engine_step_times(engine, loaded, prompt, batch: int, tokens: int, constrained: bool) -> dict:
+    """A started engine at `batch` rows, all constrained (tool_choice required; a finished call
+    is replaced by a new request) or none: seconds per engine step and tokens per second."""
     from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
-    loaded = without_eos(loaded)  # free rows decode their whole budget, like constrained ones
     tools = tool_set("bench", 6)
-    engine = Engine(loaded, EngineConfig(max_batch=batch, speculate=False))
-    engine.start()
     done, lock = threading.Event(), threading.Lock()
     state = {"tokens": 0, "open": 0, "steps0": 0, "t0": 0.0}
 
@@ -119,7 +113,7 @@ def engine_step_times(loaded, prompt, batch: int, tokens: int, constrained: bool
     def sink(ev) -> None:
         with lock:
             if isinstance(ev, TokenEvent):
-                if not state["t0"]:  # every row has read its prompt: time decode steps from here
+                if not state["t0"]:  # the first row has read its prompt: time steps from here
                     state["t0"], state["steps0"] = time.perf_counter(), engine.counters.steps
                 state["tokens"] += len(ev.tokens)
             elif isinstance(ev, FinishEvent):
@@ -133,17 +127,45 @@ def engine_step_times(loaded, prompt, batch: int, tokens: int, constrained: bool
                     state["t1"], state["steps1"] = time.perf_counter(), engine.counters.steps
                     done.set()
 
-    try:
-        with lock:
-            for _ in range(batch):
-                submit()
-        done.wait()
-    finally:
-        engine.stop()
+    with lock:
+        for _ in range(batch):
+            submit()
+    done.wait()
     if "error" in state:
         raise RuntimeError(f"a request failed: {state['error']}")
     elapsed, steps = state["t1"] - state["t0"], state["steps1"] - state["steps0"]
     return {"s_per_step": elapsed / steps, "tokens_per_s": state["tokens"] / elapsed, "steps": steps}
+
+
+def engine_runs(loaded, prompt, batch: int, tokens: int, rounds: int) -> dict:
+    """Free and constrained engine runs interleaved over `rounds` on one engine: medians and ranges."""
+    from locals.engine.bench import without_eos
+    from locals.engine.engine import Engine
+    from locals.engine.settings import EngineConfig
+
+    loaded = without_eos(loaded)  # free rows decode their whole budget, like constrained ones
+    engine = Engine(loaded, EngineConfig(max_batch=batch, speculate=False))
+    engine.start()
+    runs = {"free": [], "constrained": []}
+    try:
+        engine_step_times(engine, loaded, prompt, batch, batch * 8, True)  # warm: shapes, automata
+        for _ in range(rounds):
+            for name in runs:
+                runs[name].append(engine_step_times(engine, loaded, prompt, batch, tokens, name == "constrained"))
+    finally:
+        engine.stop()
+    results = {}
+    for name, rs in runs.items():
+        per_step = sorted(r["s_per_step"] for r in rs)
+        results[f"engine_s_per_step_{name}"] = statistics.median(per_step)
+        results[f"engine_s_per_step_{name}_range"] = f"{per_step[0]:.4f}-{per_step[-1]:.4f}"
+        results[f"engine_tokens_per_s_{name}"] = statistics.median(r["tokens_per_s"] for r in rs)
+    # Constrained steps also carry jump-forward tokens (several per row), so they are heavier
+    # per step and lighter per token: both ratios are kept.
+    results["engine_step_time_ratio"] = results["engine_s_per_step_constrained"] / results["engine_s_per_step_free"]
+    results["engine_tokens_per_s_ratio"] = (results["engine_tokens_per_s_constrained"]
+                                            / results["engine_tokens_per_s_free"])
+    return results
 
 
 def compile_times(loaded) -> dict[str, float]:
@@ -214,22 +236,8 @@ def main() -> None:
     constrained, mask_s, forced = step_times(loaded, prompt, args.batch, args.steps, True)
     results.update(step_s_unconstrained=free, step_s_constrained=constrained,
                    overhead=constrained / free - 1, mask_s_per_step=mask_s, jump_forward_share=forced)
-    # The same through the engine (pipelined steps, masks on the device inside the step),
-    # interleaved over rounds: median and range of seconds per step.
-    runs = {"free": [], "constrained": []}
-    for _ in range(args.rounds):
-        for name in runs:
-            runs[name].append(engine_step_times(loaded, prompt, args.batch, args.engine_tokens, name == "constrained"))
-    for name, rs in runs.items():
-        per_step = sorted(r["s_per_step"] for r in rs)
-        results[f"engine_s_per_step_{name}"] = statistics.median(per_step)
-        results[f"engine_s_per_step_{name}_range"] = f"{per_step[0]:.4f}-{per_step[-1]:.4f}"
-        results[f"engine_tokens_per_s_{name}"] = statistics.median(r["tokens_per_s"] for r in rs)
-    # Constrained steps also carry jump-forward tokens (several per row), so they are heavier
-    # per step and lighter per token: both ratios are kept.
-    results["engine_step_time_ratio"] = results["engine_s_per_step_constrained"] / results["engine_s_per_step_free"]
-    results["engine_tokens_per_s_ratio"] = (results["engine_tokens_per_s_constrained"]
-                                            / results["engine_tokens_per_s_free"])
+    # The same through the engine (pipelined steps, masks on the device inside the step).
+    results.update(engine_runs(loaded, prompt, args.batch, args.engine_tokens, args.rounds))
     for key, value in results.items():
         print(f"{key:44} {value:.4f}" if isinstance(value, float) else f"{key:44} {value}")
     print("wrote", write_results("constraint", results))
