@@ -167,6 +167,7 @@ def test_background_tuning_swaps_each_layer_shape_once_timed_largest_first(local
     assert work(after_first_shape) is True
     small, large = model.layers
     assert isinstance(large, TunedQuantizedLinear) and not isinstance(small, TunedQuantizedLinear)
-    assert told == [1] and work.patched == 1
+    assert told == [1] and work.patched == 1 and work.left == 2
     assert work(lambda: False) is False
     assert isinstance(model.layers[0], TunedQuantizedLinear) and told == [1, 1] and work.patched == 2
+    assert work.left == 0

@@ -37,3 +37,13 @@ def test_tune_bad_options_are_one_line_errors():
         proc = run_cli("tune", *args)
         assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+def test_status_says_what_the_kernels_are_doing():
+    from locals.cli.daemon import kernels_line
+
+    assert kernels_line({}) is None  # a CPU: nothing to say
+    assert kernels_line({"tuned_layers": 0, "tuning_left": 0}) is None
+    assert kernels_line({"tuned_layers": 108, "tuning_left": 0}) == "108 layers use tuned kernels"
+    assert kernels_line({"tuned_layers": 0, "tuning_left": 35}) == (
+        "0 layers use tuned kernels; tuning while idle, 35 layer shape x row count pairs left")

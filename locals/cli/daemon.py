@@ -117,7 +117,21 @@ def status(
                                     "prompt tokens served from the prefix cache")
         table.add_row("KV cache", _size(engine["kv_bytes"]) +
                       (f" of {_size(engine['kv_budget_bytes'])}" if engine["kv_budget_bytes"] else ""))
+        kernels = kernels_line(engine.get("extra") or {})
+        if kernels:
+            table.add_row("kernels", kernels)
     console.print(table)
+
+
+def kernels_line(extra: dict) -> str | None:
+    """What the tuned small-batch kernels are doing, or None where there is nothing to say (CPU)."""
+    tuned, left = int(extra.get("tuned_layers") or 0), int(extra.get("tuning_left") or 0)
+    if not tuned and not left:
+        return None
+    line = f"{tuned} layers use tuned kernels"
+    if left:
+        line += f"; tuning while idle, {left} layer shape x row count pairs left"
+    return line
 
 
 def register(app: typer.Typer) -> None:

@@ -201,6 +201,7 @@ class Engine:
             weights_bytes=int(getattr(self.loaded, "weights_bytes", 0) or 0),
             steps=c.steps,
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
+                   "tuning_left": int(getattr(self.idle_work, "left", 0) or 0),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
                    "prefix_cache_bytes": int(getattr(self.prefix_cache, "nbytes", 0)),
                    "prefix_disk_hits": int(getattr(self.prefix_cache, "disk_hits", 0)),

@@ -37,6 +37,7 @@ class BackgroundTuning:
         self.patched = 0
         self.on_patch = on_patch  # told how many more layers use tuned kernels
         self._patched_keys: set[str] = set()
+        self.left = self.missing  # refreshed after each slice; other threads read this, not `missing`
         self._unscreened: list | None = None  # candidates not verified yet (None: not started)
         self._pool: list = []  # candidates that passed verification
 
@@ -71,7 +72,8 @@ class BackgroundTuning:
                           pause=interrupted, rounds=BACKGROUND_ROUNDS, screened=True)
         save_table(self.table)
         self._patch_finished()
-        if self.missing:
+        self.left = self.missing
+        if self.left:
             return True
         log.info("kernel tuning done: %d layers now use tuned kernels", self.patched)
         return False
