@@ -26,7 +26,7 @@ BACKGROUND_ROUNDS = 5  # fewer than `locals tune`'s 7: a slice must end soon aft
 
 
 class BackgroundTuning:
-    """The engine's idle work for one model: tune what is missing, then patch the model."""
+    """The engine's idle work for one model: tune what is missing, swapping in each layer shape once timed."""
 
     def __init__(self, model, rows: range | list[int] | None = None,
                  on_patch: Callable[[int], None] | None = None):
