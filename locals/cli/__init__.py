@@ -56,10 +56,8 @@ def main() -> None:
     from rich.markup import escape
 
     from locals.cli.common import console_err
-    from locals.engine.backend import keep_compiled_kernels
     from locals.errors import LocalsError
 
-    keep_compiled_kernels()
     try:
         app()
     except LocalsError as exc:
