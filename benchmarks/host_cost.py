@@ -1,10 +1,11 @@
 """Host cost of a decode step, per batch size, on a model whose compute is negligible (a
-dense random Qwen3: hidden 64, 2 layers, vocab 512): milliseconds per step, and the MLX
-ops each step queues (graph primitives, a measure that does not depend on machine load).
+dense random Qwen3: hidden 64, vocab 512, 2 layers or `--layers`): milliseconds per step,
+of which building the step's graph in Python and MLX queuing it, and the MLX ops each
+step queues (graph primitives, a measure that does not depend on machine load).
 
 What grows with the batch here is per-row Python and per-row MLX ops, the work that made
 large batches host-bound on a GPU (benchmarks/step_profile.py).
-    python benchmarks/host_cost.py --batches 1,8,32
+    python benchmarks/host_cost.py --batches 1,8,32 [--layers 36]
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ from locals.engine import step as step_module  # noqa: E402
 from locals.engine.bench import run_locals  # noqa: E402
 
 
-def tiny_qwen3():
+def tiny_qwen3(layers: int = 2):
     """A LoadedModel of a dense random Qwen3 too small for its compute to matter."""
     from mlx_lm.models import qwen3
 
     from locals.engine import backend
     from locals.engine.models import LoadedModel
 
-    args = qwen3.ModelArgs(model_type="qwen3", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+    args = qwen3.ModelArgs(model_type="qwen3", hidden_size=64, num_hidden_layers=layers, intermediate_size=128,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,
                            rms_norm_eps=1e-6, max_position_embeddings=4096, rope_theta=1e6,
                            tie_word_embeddings=True)
@@ -67,35 +68,40 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5, help="timed runs per batch size (median reported)")
+    ap.add_argument("--layers", type=int, default=2, help="decoder layers (36: Qwen3-4B's count, per-layer cost)")
     args = ap.parse_args()
 
     from locals.engine.engine import Engine
     from locals.engine.settings import EngineConfig
 
-    model = no_eos(tiny_qwen3())
+    model = no_eos(tiny_qwen3(args.layers))
     engine = Engine(model, EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
-    clock = StepClock(engine.runner)
+    clock = StepClock(engine.runner, engine)
     engine.start()
     rows = []
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
             ps = prompts(model.tokenizer, batch, 16, seed=batch)
             run_locals(engine, ps, 8)  # warm-up
-            steps = []
+            runs = []
             for _ in range(args.rounds):
                 clock.reset()
                 run_locals(engine, ps, args.tokens)
-                steps.append(clock.report()["step"])
-            rows.append({"batch": batch, "step_ms": statistics.median(steps), "step_ms_runs": steps})
+                runs.append(clock.report())
+            rows.append({"batch": batch, **{f"{part}_ms": statistics.median(r[part] for r in runs)
+                                            for part in ("step", "forward", "async_eval")},
+                         "step_ms_runs": [r["step"] for r in runs], "forward_ms_runs": [r["forward"] for r in runs]})
         ops = OpCounter()
         for row in rows:
             ops.counts.clear()
             run_locals(engine, prompts(model.tokenizer, row["batch"], 16, seed=row["batch"]), 24)
             row["ops_per_step"] = statistics.median(ops.counts)
-            print(f"B={row['batch']:3d} step {row['step_ms']:.3f} ms  ops/step {row['ops_per_step']:.0f}", flush=True)
+            print(f"B={row['batch']:3d} step {row['step_ms']:.3f} ms (building the graph in Python "
+                  f"{row['forward_ms']:.3f}, queuing it {row['async_eval_ms']:.3f})  ops/step "
+                  f"{row['ops_per_step']:.0f}", flush=True)
     finally:
         engine.stop()
-    path = write_results("host_cost", {"model": "qwen3 dense random, hidden 64, 2 layers, vocab 512",
+    path = write_results("host_cost", {"model": f"qwen3 dense random, hidden 64, {args.layers} layers, vocab 512",
                                        "tokens": args.tokens, "rows": rows})
     print(f"results: {path}")
 

@@ -179,20 +179,34 @@ def test_decode_batch_forward_matches_plain_model(tiny_llama, compile_layers):
 
 def test_compiled_layers_are_traced_again_when_modules_or_kernel_mode_change(tiny_llama):
     from locals.engine.kernels import mlx_ops_only
+    from locals.engine.kernels.registry import modules_swapped
 
-    layer = tiny_llama.model.model.layers[0]
+    layers = tiny_llama.model.model.layers
     blocks = CompiledBlocks()
-    project, finish = blocks.project(0, layer), blocks.finish(0, layer)
-    assert blocks.project(0, layer) is project and blocks.finish(0, layer) is finish
+    seams = blocks.seams(layers)
+    assert len(seams) == len(layers) + 1 and blocks.seams(layers) is seams
     with mlx_ops_only():  # a trace that routed to a tuned kernel must not serve this mode
-        assert blocks.project(0, layer) is not project and blocks.finish(0, layer) is not finish
-    old = layer.self_attn.q_proj
-    try:
-        layer.self_attn.q_proj = nn.Linear(old.weight.shape[1], old.weight.shape[0], bias=False)
-        assert blocks.project(0, layer) is not project  # patching swapped the module
-        assert blocks.finish(0, layer) is finish
-    finally:
-        layer.self_attn.q_proj = old
+        bypass = blocks.seams(layers)
+        assert bypass is not seams
+    assert blocks.seams(layers) is seams  # both modes kept: benchmarks switch back and forth
+    modules_swapped()  # e.g. tuned-kernel patching swapped a layer's linears
+    fresh = blocks.seams(layers)
+    assert fresh is not seams and fresh is not bypass
+    with mlx_ops_only():
+        assert blocks.seams(layers) is not bypass  # stale graphs of either mode are dropped
+
+
+def test_patching_a_model_counts_as_a_swap(tiny_llama, monkeypatch):
+    from locals.engine.kernels import registry
+
+    before = registry.swap_count()
+    square = lambda layer, *_: nn.Linear(2, 2) if isinstance(layer, nn.Linear) and layer.weight.shape == (4, 4) else layer
+    monkeypatch.setattr(registry, "tuned_linear", square)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 3))
+    assert registry.patch_model(model, table=object()) == 1
+    assert registry.swap_count() == before + 1
+    assert registry.patch_model(nn.Sequential(nn.Linear(4, 3)), table=object()) == 0
+    assert registry.swap_count() == before + 1  # nothing swapped: compiled graphs stay
 
 
 def test_decode_batch_grows_past_a_block(tiny_llama):

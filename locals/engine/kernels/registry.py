@@ -20,6 +20,7 @@ from locals.engine.kernels.tuning import MLX_OP, Problem, TuningTable, current_c
 
 
 _bypass = {"depth": 0}  # > 0 while mlx_ops_only() is active
+_swaps = {"count": 0}  # bumped by modules_swapped(): compiled graphs of older modules are stale
 
 
 @contextmanager
@@ -36,6 +37,17 @@ def mlx_ops_only() -> Iterator[None]:
 def bypassed() -> bool:
     """Whether `mlx_ops_only()` is active (compiled graphs that traced a kernel must not be reused)."""
     return _bypass["depth"] > 0
+
+
+def modules_swapped() -> None:
+    """Record that some model's modules were replaced (patch_model calls it; so must any
+    other code that swaps a served model's layers): compiled graphs trace them again."""
+    _swaps["count"] += 1
+
+
+def swap_count() -> int:
+    """How many times modules were swapped in this process (a cheap key for compiled graphs)."""
+    return _swaps["count"]
 
 
 class TunedQuantizedLinear(nn.QuantizedLinear):
@@ -120,4 +132,5 @@ def patch_model(model: nn.Module, table: TuningTable | None = None) -> int:
             swaps.append((path, tuned))
     if swaps:
         model.update_modules(tree_unflatten(swaps))
+        modules_swapped()
     return len(swaps)
