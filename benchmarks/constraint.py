@@ -96,9 +96,10 @@ def step_times(loaded, prompt, batch: int, steps: int, constrained: bool) -> tup
     return elapsed / steps, mask_s / steps, forced_count / max(total, 1)
 
 
-def engine_step_times(engine, loaded, prompt, batch: int, tokens: int, constrained: bool) -> dict:
-    """A started engine at `batch` rows, all constrained (tool_choice required; a finished call
-    is replaced by a new request) or none: seconds per engine step and tokens per second."""
+def engine_step_times(engine, loaded, prompt, batch: int, tokens: int, mode: str) -> dict:
+    """A started engine at `batch` rows (a finished one is replaced by a new request), in `mode`:
+    "free" (no tools), "constrained" (6 tools, tool_choice required) or "auto" (6 tools, free
+    text until a call starts): seconds per engine step and tokens per second."""
     from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
     tools = tool_set("bench", 6)
@@ -106,7 +107,8 @@ def engine_step_times(engine, loaded, prompt, batch: int, tokens: int, constrain
     state = {"tokens": 0, "open": 0, "steps0": 0, "t0": 0.0}
 
     def submit() -> None:
-        c = build_constraint(loaded, tools=tools, tool_choice="required", max_tokens=10_000) if constrained else None
+        choice = {"constrained": "required", "auto": "auto"}.get(mode)
+        c = build_constraint(loaded, tools=tools, tool_choice=choice, max_tokens=10_000) if choice else None
         state["open"] += 1
         engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=96), constraint=c), sink)
 
@@ -146,12 +148,12 @@ def engine_runs(loaded, prompt, batch: int, tokens: int, rounds: int) -> dict:
     loaded = without_eos(loaded)  # free rows decode their whole budget, like constrained ones
     engine = Engine(loaded, EngineConfig(max_batch=batch, speculate=False))
     engine.start()
-    runs = {"free": [], "constrained": []}
+    runs = {"free": [], "constrained": [], "auto": []}
     try:
-        engine_step_times(engine, loaded, prompt, batch, batch * 8, True)  # warm: shapes, automata
+        engine_step_times(engine, loaded, prompt, batch, batch * 8, "constrained")  # warm: shapes, automata
         for _ in range(rounds):
             for name in runs:
-                runs[name].append(engine_step_times(engine, loaded, prompt, batch, tokens, name == "constrained"))
+                runs[name].append(engine_step_times(engine, loaded, prompt, batch, tokens, name))
     finally:
         engine.stop()
     results = {}
@@ -165,6 +167,9 @@ def engine_runs(loaded, prompt, batch: int, tokens: int, rounds: int) -> dict:
     results["engine_step_time_ratio"] = results["engine_s_per_step_constrained"] / results["engine_s_per_step_free"]
     results["engine_tokens_per_s_ratio"] = (results["engine_tokens_per_s_constrained"]
                                             / results["engine_tokens_per_s_free"])
+    # Tools offered, tool_choice auto: free text runs ahead of its last token like a free row.
+    results["engine_auto_step_time_ratio"] = results["engine_s_per_step_auto"] / results["engine_s_per_step_free"]
+    results["engine_taken_back_tokens"] = engine.stats().extra["taken_back_tokens"]
     return results
 
 

@@ -297,3 +297,66 @@ def test_output_the_constraint_closed_for_the_budget_finishes_length(engine, tin
     c.wait()
     assert c.tokens(rid) == [300]
     assert c.finish(rid).reason == "length"
+
+
+class FreeUntil:
+    """Free text (no mask) until `trigger` is accepted; then `forced` follow and only `allowed`."""
+
+    def __init__(self, vocab, trigger, allowed, forced=()):
+        self.vocab, self.trigger, self.allowed, self.forced = vocab, trigger, set(allowed), list(forced)
+        self.accepted: list[int] = []
+        self.masked = self._force_next = False
+
+    def unmasked(self):
+        return not self.masked
+
+    def mask(self):
+        return bitmask(self.allowed, self.vocab) if self.masked else None
+
+    def accept(self, token):
+        if self.masked and token not in self.allowed and token not in self.forced:
+            raise ValueError(f"token {token} not allowed after the trigger")
+        self.accepted.append(token)
+        self._force_next = token == self.trigger and not self.masked
+        self.masked = self.masked or token == self.trigger
+
+    def forced_tokens(self):
+        return list(self.forced) if self._force_next else []
+
+    def closing_tokens(self):
+        return []
+
+    def is_complete(self):
+        return False
+
+
+@pytest.mark.parametrize("forced", [(), (5, 6)], ids=["masked", "forced-then-masked"])
+@pytest.mark.parametrize("sampling", [dict(max_tokens=14), dict(max_tokens=14, temperature=1.0, seed=11)],
+                         ids=["greedy", "seeded"])
+def test_free_text_rows_run_ahead_and_take_back_the_draw_after_a_trigger(tiny_llama, sampling, forced):
+    # A constrained row in free text keeps pipelining; the token sampled ahead after the
+    # trigger is dropped and drawn again under the mask: same output as never running ahead.
+    prompt, mate = make_prompts(tiny_llama.tokenizer, [9, 17])
+    outputs, taken_back = {}, {}
+    for pipeline in (False, True):
+        eng = Engine(tiny_llama, EngineConfig(pipeline=pipeline, speculate=False, prefix_cache_bytes=0))
+        eng.start()
+        try:
+            free, _, _ = run_alone(eng, prompt, **sampling)
+            i = free.index(free[2])  # the trigger's first place (a random model may repeat itself)
+            allowed = {t for t in range(40, 60) if t != free[i + 1]}
+            constraint = FreeUntil(tiny_llama.vocab_size, free[i], allowed, forced)
+            c = Collector()
+            rid = c.submit(eng, GenerationRequest(prompt, SamplingParams(**sampling), constraint=constraint))
+            c.submit(eng, GenerationRequest(mate, SamplingParams(max_tokens=20)))
+            c.wait()
+            tokens = c.tokens(rid)
+            taken_back[pipeline] = eng.stats().extra["taken_back_tokens"]
+        finally:
+            eng.stop()
+        assert tokens[: i + 1] == free[: i + 1]  # free text is the unconstrained output
+        after = tokens[i + 1 :]
+        assert after[: len(forced)] == list(forced) and all(t in allowed for t in after[len(forced) :])
+        outputs[pipeline] = tokens
+    assert outputs[True] == outputs[False]
+    assert taken_back == {False: 0, True: 1}

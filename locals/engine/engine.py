@@ -203,6 +203,7 @@ class Engine:
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
                    "tuning_left": int(getattr(self.idle_work, "left", 0) or 0),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
+                   "taken_back_tokens": c.taken_back_total,
                    "prefix_cache_bytes": int(getattr(self.prefix_cache, "nbytes", 0)),
                    "prefix_disk_hits": int(getattr(self.prefix_cache, "disk_hits", 0)),
                    "shared_prefill_waits": self.shared_prefill.waits},
@@ -370,6 +371,7 @@ class Engine:
         self.counters.decode.add(step.emitted, now)
         self.counters.drafted_tokens_total += step.drafted
         self.counters.accepted_tokens_total += step.accepted
+        self.counters.taken_back_total += step.taken_back
         self.counters.prefill.add(step.prefill_tokens, now)
         for seq in first:
             self.counters.last_ttft_s = seq.first_token_at - seq.submitted_at

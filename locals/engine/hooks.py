@@ -34,3 +34,6 @@ class TokenConstraint(Protocol):
 
     # Optional: `fork()` -> an independent copy in the same state. Rows whose constraint
     # has it may speculate (drafts are walked on the copy); others never draft.
+    # Optional: `unmasked()` -> True while any token may come next and none is forced (free
+    # text). Such a row keeps pipelining: its next token is sampled before this one is read,
+    # and dropped and drawn again, masked, if this one ended the free text.

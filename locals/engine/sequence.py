@@ -71,8 +71,27 @@ class Sequence:
 
     @property
     def needs_sync(self) -> bool:
-        """A constrained row needs its last token accepted before its next mask exists."""
-        return self.constraint is not None and self.inflight > 0
+        """A constrained row needs its last token accepted before its next mask exists, unless
+        it `runs_free`: then its next token is sampled before the last one is read."""
+        return self.constraint is not None and self.inflight > 0 and not self.runs_free
+
+    @property
+    def runs_free(self) -> bool:
+        """Whether the constraint lets any token come next (free text before a tool call) and
+        nothing is queued to feed: a token sampled ahead unmasked is then valid, unless the
+        token before it ends the free text (`take_back` undoes it)."""
+        unmasked = getattr(self.constraint, "unmasked", None)
+        return not self.pending and unmasked is not None and unmasked()
+
+    def take_back(self, key) -> None:
+        """Drop a token sampled ahead that needed a mask after all (the token before it started a
+        tool call): the step fed this row that token, whose KV goes too; it is fed again, with
+        the PRNG key the dropped draw used, so seeded output does not depend on timing."""
+        fed = self.generated[-(len(self.pending) + 1)]  # forced tokens may follow it in `pending`
+        self.kv.trim(1)
+        self.pending.insert(0, fed)
+        self.lazy, self.key = None, key
+        self.sampled_steps -= 1
 
     @property
     def wants_sync_for_draft(self) -> bool:

@@ -44,6 +44,7 @@ class Counters:
     steps: int = 0
     drafted_tokens_total: int = 0  # prompt-lookup draft tokens verified
     accepted_tokens_total: int = 0  # of those, kept
+    taken_back_total: int = 0  # tokens constrained rows sampled ahead, then dropped for a masked draw
     last_ttft_s: float = 0.0
     finish_reasons: dict[str, int] = field(default_factory=dict)
     decode: RateMeter = field(default_factory=RateMeter)

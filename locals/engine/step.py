@@ -27,6 +27,9 @@ class Verify:
     seq: Sequence
     start: int
     draft: list[int]
+    # Sampled while the row's previous token was still in flight (a constrained row that
+    # runs free): the PRNG key it used, to restore if the draw is taken back.
+    ahead_key: object = None
 
 
 @dataclass
@@ -40,6 +43,7 @@ class Launched:
     emitted: int = 0  # tokens handed to sequences, set by `process`
     drafted: int = 0  # draft tokens verified, and how many were kept (set by `process`)
     accepted: int = 0
+    taken_back: int = 0  # tokens sampled ahead unmasked, then dropped (set by `process`)
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -172,7 +176,8 @@ class StepRunner:
                 seq.key, position_keys = RowOf(keys, 0), [RowOf(keys, i + 1) for i in range(len(draft) + 1)]
             else:
                 position_keys = [seq.key]
-            verify.append(Verify(seq, len(rows), draft))
+            ahead = seq.constraint is not None and seq.inflight > 0
+            verify.append(Verify(seq, len(rows), draft, seq.key if ahead else None))
             for i, key in enumerate(position_keys):
                 token = draft[i] if i < len(draft) else -1
                 rows.append(_row_sampling(seq, masks[seq.id][i], key, token))
@@ -213,6 +218,10 @@ class StepRunner:
                 continue
             was_first = seq.first_token_at is None
             try:
+                if v.ahead_key is not None and not seq.runs_free:
+                    seq.take_back(v.ahead_key)  # its previous token started a call: sample again, masked
+                    step.taken_back += 1
+                    continue
                 emitted = _emit(v, tokens, logprob)
                 step.emitted += emitted
                 if v.draft:

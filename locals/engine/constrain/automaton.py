@@ -160,6 +160,11 @@ class ToolCallConstraint:
             return self._budget.queue_mask()
         return self._index.mask(self._state) if phase is Phase.HEAD else self._run.mask(self._pos)
 
+    def unmasked(self) -> bool:
+        """True while any token may come next (free text, no part of a call's marker pending):
+        the engine may sample the next token before reading this one."""
+        return self._phase is Phase.FREE and self.mask() is None
+
     def accept(self, token: int) -> None:
         phase = self._phase
         if token in self._eos and phase in (Phase.FREE, Phase.BETWEEN, Phase.DONE):
