@@ -47,12 +47,16 @@ CONSTRAINT_LABELS = {
     "engine_tokens_per_s_constrained": ("engine: tokens/s, every row constrained", 1.0, " tok/s"),
     "engine_step_time_ratio": ("engine: step time, constrained / free", 1.0, "×"),
     "engine_tokens_per_s_ratio": ("engine: tokens/s, constrained / free", 1.0, "×"),
+    "engine_s_per_step_auto": ("engine: step, every row offered tools, tool_choice auto", 1.0, " s"),
+    "engine_tokens_per_s_auto": ("engine: tokens/s, tool_choice auto", 1.0, " tok/s"),
+    "engine_auto_step_time_ratio": ("engine: step time, auto / free", 1.0, "×"),
+    "engine_taken_back_tokens": ("engine: draws made ahead then taken back", 1.0, ""),
 }
 
 
 def _metric(key: str, value: float) -> str:
     _, scale, unit = CONSTRAINT_LABELS.get(key, (key, 1.0, ""))
-    if key.startswith(("one_tool_transitions", "all_calls_transitions")):
+    if key.startswith(("one_tool_transitions", "all_calls_transitions", "engine_taken_back")):
         return f"{int(value):,}"
     digits = 1 if unit in ("%", " ms", " tok/s") else 2 if unit == "×" else 3
     return f"{value * scale:.{digits}f}{unit}"
