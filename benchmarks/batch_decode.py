@@ -3,6 +3,7 @@ locals' engine against mlx-lm's BatchGenerator, same prompts, interleaved rounds
 
     python benchmarks/batch_decode.py                      # CPU, embedded SmolLM2
     python benchmarks/batch_decode.py --random-model qwen3-4b --batches 1,2,4,8,16,32   # GPU
+    python benchmarks/batch_decode.py --random-model qwen3-4b --batches 8,32 --length-spread 192   # rows of different lengths
 """
 
 from __future__ import annotations
@@ -25,12 +26,23 @@ def untuned(engine, prompts, tokens):
         return run_locals(engine, prompts, tokens)
 
 
+def ragged(ps: list[list[int]], shortest: int, spread: int) -> list[list[int]]:
+    """Prompt i cut to `shortest` + i/(n-1) of `spread` tokens (all `shortest` + spread when spread is 0)."""
+    if not spread:
+        return ps
+    n = len(ps)
+    return [p[: shortest + (i * spread) // max(n - 1, 1)] for i, p in enumerate(ps)]
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--random-model", default=None, help="qwen3-4b: random 4-bit Qwen3-4B shape (GPU)")
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--length-spread", type=int, default=0,
+                    help="prompt lengths spread evenly over prompt-len .. prompt-len + this, so rows "
+                         "decode at different lengths (attention then needs a mask; 0: all equal)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--with-lookup", action="store_true",
                     help="also run locals with prompt-lookup drafts on ('locals' runs without: this "
@@ -76,12 +88,14 @@ def main() -> None:
 
     def save():
         return write_results("batch_decode", {"model": label, "tokens": args.tokens, "prompt_len": args.prompt_len,
+                                              "length_spread": args.length_spread,
                                               "rounds": args.rounds, "rows": rows, "argv": sys.argv[1:],
                                               "tuned_layers": engine.patched_layers}, path)
 
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
-            ps = prompts(ours.tokenizer, batch, args.prompt_len, seed=batch)
+            ps = ragged(prompts(ours.tokenizer, batch, args.prompt_len + args.length_spread, seed=batch),
+                        args.prompt_len, args.length_spread)
             res = interleaved(args.rounds, runners_for(args, engine, lookup, ours, theirs, ps))
             row = {"batch": batch}
             for name, runs in res.items():

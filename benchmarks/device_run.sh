@@ -6,6 +6,8 @@
 #   tune        `locals tune` on MODEL's layer shapes, stopped after $TUNE_SECONDS (400) with
 #               what it measured saved, so the next parts run the tuned kernels
 #   decode      batch_decode B = 1..32, locals (tuned) vs locals untuned vs mlx-lm, 3 rounds
+#   ragged      batch_decode B = 8,32 with prompts of 64..256 tokens (rows at different lengths:
+#               attention with a mask, which MLX's CUDA vector kernel does not take)
 #   profile     step_profile B = 1,4,8,32 (phases of a decode step)
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
 #   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
@@ -33,6 +35,8 @@ for part in ${parts//,/ }; do
     tune) timeout -s TERM -k 30 "${TUNE_SECONDS:-400}" python3 -m locals tune $(shapes) --rounds 3 ;;
     decode) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline ;;
+    ragged) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
+      --batches 8,32 --tokens 32 --prompt-len 64 --length-spread 192 --rounds 3 ;;
     profile) timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/step_profile.py --random-model "$model" \
       --batches 1,4,8,32 --tokens 32 --variants locals ;;
     long) timeout "${LONG_TIMEOUT:-200}" python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2 ;;

@@ -59,7 +59,8 @@ def _batch_table(rows: list[tuple[dict, Result]], several_files: bool) -> str:
 def batch_decode(results: list[Result], prefix: str = "generated/") -> Section:
     sec, panels = Section("batch_decode"), {}
     for device in DEVICES:
-        chosen = batch_files(of(results, "batch_decode", device))
+        # Rows of different lengths (--length-spread) are another workload, not this table's.
+        chosen = batch_files([r for r in of(results, "batch_decode", device) if not r.data.get("length_spread")])
         if not chosen:
             sec.parts.append(not_measured("batch_decode", device, "python benchmarks/batch_decode.py"))
             continue
