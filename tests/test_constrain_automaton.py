@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 
 import numpy as np
@@ -192,16 +191,20 @@ def _bits(mask):
     return np.unpackbits(row.view(np.uint8), bitorder="little")
 
 
-def test_first_seen_24_tools_ready_within_a_second(smollm2):
+def test_first_seen_24_tools_wait_only_for_the_head(smollm2):
+    # What keeps a first-seen tool set fast (benchmarks/constraint.py times it: well under
+    # the 1 s target): only the small head over the names is compiled before the first
+    # mask; each tool's call automaton compiles in the background until its name is chosen.
     tag = uuid.uuid4().hex[:6]
     tools = [fn(f"tool_{tag}_{i}", {"path": S, "n": {"type": "integer", "minimum": 0},
                                     "mode": {"enum": ["a", "b", "c"]}, "tags": {"type": "array", "items": S}},
                 ["path"]) for i in range(24)]
-    token_vocab(smollm2.tokenizer, smollm2.vocab_size)  # built once per tokenizer at model load in practice
-    start = time.perf_counter()
     c = build_constraint(smollm2, tools=tools, tool_choice="required")
-    c.mask()
-    assert time.perf_counter() - start <= 1.0
+    assert c.mask() is not None
+    toolset = c._tools
+    assert toolset._calls == {} and len(toolset._futures) == 24
+    name = f"tool_{tag}_7"
+    assert toolset.call(name).index is not None and list(toolset._calls) == [name]
 
 
 def test_compiling_now_never_cancels_a_future_other_requests_wait_on(smollm2, locals_home):
