@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-
 from server_fakes import client, constraints, engine  # noqa: F401 (shared fixtures)
 
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers", "parameters": {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-
 from server_fakes import client, constraints, engine  # noqa: F401 (shared fixtures)
 from server_fakes import events_of as shared_events_of
 
