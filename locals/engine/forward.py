@@ -227,7 +227,7 @@ class CompiledBlocks:
     """The compiled graphs between one model's attention calls, owned by the engine that runs it.
 
     `seams(layers)` is [project 0, finish 0 + project 1, …, finish L-1]: one compiled call
-    per layer boundary instead of two (2L calls of ~30 µs each on a 2-core x86 VM). A
+    per layer boundary instead of two (a call costs ~20 µs of host time on a 2-core x86 VM). A
     compiled graph captures the modules as they were when traced, so the lists are keyed
     by the registry's swap count (tuned-kernel patching bumps it) and whether tuned kernels
     are bypassed; each distinct token count is traced once per key. The owner drops it (and
