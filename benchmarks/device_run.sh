@@ -9,6 +9,7 @@
 #   ragged      batch_decode B = 8,32 with prompts of 64..256 tokens (rows at different lengths:
 #               attention with a mask, which MLX's CUDA vector kernel does not take)
 #   profile     step_profile B = 1,4,8,32 (phases of a decode step)
+#   donation    kv_donation: does a K/V write copy the cache while the step before still runs?
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
 #   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
 # MODEL: qwen3-4b (default) on a GPU; qwen3-tiny tries the script out on a CPU.
@@ -37,6 +38,7 @@ for part in ${parts//,/ }; do
       --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline ;;
     ragged) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 8,32 --tokens 32 --prompt-len 64 --length-spread 192 --rounds 3 ;;
+    donation) timeout 120 python3 benchmarks/kv_donation.py --tokens 8192 --steps 20 --work 8192 ;;
     profile) timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/step_profile.py --random-model "$model" \
       --batches 1,4,8,32 --tokens 32 --variants locals ;;
     long) timeout "${LONG_TIMEOUT:-200}" python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2 ;;
