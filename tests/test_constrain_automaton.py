@@ -99,11 +99,12 @@ def test_tool_choice_none_and_no_tools_give_no_constraint(smollm2):
 def test_auto_mode_is_free_until_the_marker(smollm2):
     tok = smollm2.tokenizer
     c = build_constraint(smollm2, tools=TOOLS)
-    assert isinstance(c, ToolCallConstraint) and c.mask() is None
+    assert isinstance(c, ToolCallConstraint) and c.mask() is None and c.unmasked()
     feed(c, "Let me look. a < b and", tok)
-    assert c.phase is Phase.FREE and c.mask() is None
+    assert c.phase is Phase.FREE and c.mask() is None and c.unmasked()
     feed(c, " <tool_call>", tok)
-    assert c.phase is Phase.HEAD
+    assert c.phase is Phase.HEAD and not c.unmasked()  # the engine syncs this row again
+    assert not build_constraint(smollm2, tools=TOOLS, tool_choice="required").unmasked()
     forced = c.forced_tokens()
     assert tok.decode(forced) == '\n{"name": "'  # every offered name starts with "r"
     for t in forced:

@@ -143,14 +143,18 @@ class ToolCallConstraint:
 
     # -- TokenConstraint --
 
+    def _free_row(self):
+        """FREE phase: the DeviceRow that limits the next token, or None when any may come."""
+        if not self._window:
+            return None
+        if self._no_room_for_a_call():
+            return self._tools.guard_closed()[self._marker_len]
+        return self._tools.guard()[self._marker_len]
+
     def mask(self):
         phase = self._phase
         if phase is Phase.FREE:
-            if not self._window:
-                return None
-            if self._no_room_for_a_call():
-                return self._tools.guard_closed()[self._marker_len].get()
-            row = self._tools.guard()[self._marker_len]
+            row = self._free_row()
             return None if row is None else row.get()
         if phase is Phase.BETWEEN:
             return self._tools.eos_only.get() if self._no_room_for_a_call() else self._tools.between.get()
@@ -163,7 +167,7 @@ class ToolCallConstraint:
     def unmasked(self) -> bool:
         """True while any token may come next (free text, no part of a call's marker pending):
         the engine may sample the next token before reading this one."""
-        return self._phase is Phase.FREE and self.mask() is None
+        return self._phase is Phase.FREE and self._free_row() is None
 
     def accept(self, token: int) -> None:
         phase = self._phase
