@@ -13,6 +13,7 @@ the cache itself: a copy shows as about one cache array per step in flight.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -85,10 +86,11 @@ def main() -> None:
     for _ in range(args.rounds):
         for name in results:
             results[name].append(run(batch, rows, args.steps, name == "pipelined", work))
-    summary = {name: {key: sorted(r[key] for r in runs) for key in runs[0]} for name, runs in results.items()}
-    for name, s in summary.items():
-        print(f"{name:9s}  peak above the cache {s['peak_above_mb'][1]:8.1f} MB  "
-              f"{s['s_per_step'][1] * 1e3:7.2f} ms/step  (one K array: {cache_mb:.1f} MB)")
+    for name, runs in results.items():
+        peak = statistics.median(r["peak_above_mb"] for r in runs)
+        step = statistics.median(r["s_per_step"] for r in runs)
+        print(f"{name:9s}  peak above the cache {peak:8.1f} MB  {step * 1e3:7.2f} ms/step  "
+              f"(one K array: {cache_mb:.1f} MB), medians of {len(runs)}")
     print("wrote", write_results("kv_donation", {"tokens": args.tokens, "rows": ROWS, "kv_heads": KV_HEADS,
                                                   "head_dim": HEAD_DIM, "steps": args.steps, "work": args.work,
                                                   "one_array_mb": cache_mb,
