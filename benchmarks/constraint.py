@@ -223,7 +223,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--engine-tokens", type=int, default=400,
                         help="tokens per engine run (constrained requests are replaced as they finish)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved engine rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (loop and engine)")
     parser.add_argument("--steps-only", action="store_true", help="skip the compile-time measurements")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
@@ -237,10 +237,15 @@ def main() -> None:
     prompt = encode_prompt(loaded, render_prompt(loaded, [{"role": "user", "content": "List the files."}],
                                                  tools=tool_set("bench", 6)))
     step_times(loaded, prompt, args.batch, 4, True)  # warm: compiles, device tables
-    free, _, _ = step_times(loaded, prompt, args.batch, args.steps, False)
-    constrained, mask_s, forced = step_times(loaded, prompt, args.batch, args.steps, True)
+    loops = {False: [], True: []}
+    for _ in range(args.rounds):  # interleaved: drift hits both alike
+        for constrained in loops:
+            loops[constrained].append(step_times(loaded, prompt, args.batch, args.steps, constrained))
+    free = statistics.median(r[0] for r in loops[False])
+    constrained, mask_s, forced = (statistics.median(r[i] for r in loops[True]) for i in range(3))
     results.update(step_s_unconstrained=free, step_s_constrained=constrained,
-                   overhead=constrained / free - 1, mask_s_per_step=mask_s, jump_forward_share=forced)
+                   overhead=constrained / free - 1, mask_s_per_step=mask_s, jump_forward_share=forced,
+                   loop_overheads=" ".join(f"{c[0] / f[0] - 1:+.3f}" for f, c in zip(loops[False], loops[True])))
     # The same through the engine (pipelined steps, masks on the device inside the step).
     results.update(engine_runs(loaded, prompt, args.batch, args.engine_tokens, args.rounds))
     for key, value in results.items():

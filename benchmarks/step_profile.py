@@ -35,7 +35,7 @@ class StepClock:
     """Wraps a StepRunner's launch/process, and the engine loop's other parts, to time each
     phase of every step; also the time Python's garbage collector ran."""
 
-    LOOP_PARTS = ("_drain", "_admit", "_reap", "_must_sync")
+    LOOP_PARTS = ("_drain", "_admit", "_reap", "_sync_for_masks", "_sync_for_drafts")
 
     def __init__(self, runner: StepRunner, engine=None):
         self.samples: dict[str, list[float]] = {"launch": [], "wait": [], "process": []}

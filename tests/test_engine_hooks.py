@@ -360,3 +360,55 @@ def test_free_text_rows_run_ahead_and_take_back_the_draw_after_a_trigger(tiny_ll
         outputs[pipeline] = tokens
     assert outputs[True] == outputs[False]
     assert taken_back == {False: 0, True: 1}
+
+
+class ForcedEvery(AllowedSet):
+    """Forces its tokens after every `every`-th sampled token."""
+
+    def __init__(self, vocab, allowed, every, **kw):
+        super().__init__(vocab, allowed, **kw)
+        self.every, self.sampled = every, 0
+
+    def accept(self, token):
+        super().accept(token)
+        if token in self.allowed:
+            self.sampled += 1
+            self._force_next = self.sampled % self.every == 0
+
+
+@pytest.mark.parametrize("sampling", [dict(max_tokens=24), dict(max_tokens=24, temperature=1.2, seed=5)])
+def test_constrained_rows_pipeline_their_forward_pass_with_the_same_output(tiny_llama, sampling):
+    # Constrained rows need their last token before their mask: the engine queues the next
+    # forward pass first and masks its sampling after reading (begin/finish). Forced tokens
+    # that arrive meanwhile drop that row's draw. Output must equal the synchronous engine's.
+    vocab = tiny_llama.vocab_size
+    prompts = make_prompts(tiny_llama.tokenizer, [7, 12, 19, 5])
+    runs, queued = {}, {}
+    for pipeline in (False, True):
+        eng = Engine(tiny_llama, EngineConfig(pipeline=pipeline, speculate=False, prefix_cache_bytes=0))
+        begin = eng.runner.begin
+        queued[pipeline] = 0
+
+        def spy(slots, queue=False, begin=begin, pipeline=pipeline):
+            queued[pipeline] += int(queue)
+            return begin(slots, queue)
+
+        eng.runner.begin = spy
+        eng.start()
+        try:
+            c = Collector()
+            ids = []
+            for j, p in enumerate(prompts[:3]):  # rows forced at different rhythms
+                constraint = ForcedEvery(vocab, {30 + j, 40 + j}, every=j + 2, forced=[5, 6], closing=[9])
+                ids.append(c.submit(eng, GenerationRequest(p, SamplingParams(**sampling), constraint=constraint)))
+            ids.append(c.submit(eng, GenerationRequest(prompts[3], SamplingParams(**sampling))))
+            c.wait()
+            runs[pipeline] = [c.tokens(i) for i in ids]
+            assert all(c.finish(i).reason in ("stop", "length") for i in ids)
+        finally:
+            eng.stop()
+    assert runs[True] == runs[False]
+    assert queued[False] == 0 and queued[True] > 10
+    for j, tokens in enumerate(runs[True][:3]):
+        assert tokens and set(tokens) <= {30 + j, 40 + j, 5, 6, 9}
+    assert any(5 in tokens for tokens in runs[True][:3]), "no row took the forced path"

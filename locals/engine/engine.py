@@ -233,7 +233,11 @@ class Engine:
                 copying = self._pump is not None and self._pump(idle)
                 self._drain(block=idle and not copying and (self.idle_work is None or not quiet))
                 self._admit()
-                if launched is not None and self._must_sync():
+                if launched is not None and self._sync_for_masks() and not self._sync_for_drafts():
+                    launched = self._launch_masked(launched)  # next pass queued, then masks
+                    self._reap()
+                    continue
+                if launched is not None and self._sync_for_drafts():
                     self._process(launched)
                     launched = None
                 slots = self.scheduler.next_step(self._active)
@@ -266,15 +270,39 @@ class Engine:
         if not more:
             self.idle_work = None
 
-    def _must_sync(self) -> bool:
-        """Whether the next step must wait for the one in flight: a constrained row needs its
-        token, or a row wants to draft while the batch is small enough to verify drafts."""
+    def _sync_for_masks(self) -> bool:
+        """Whether a constrained row needs the token in flight before its next mask exists."""
+        return any(s.needs_sync for s in self._active)
+
+    def _sync_for_drafts(self) -> bool:
+        """Whether a row wants to draft while the batch is small enough to verify drafts: it
+        needs its last token read before the next step is even built."""
         active = self._active
-        if any(s.needs_sync for s in active):
-            return True
         if self.draft_policy is None or not any(s.wants_sync_for_draft for s in active):
             return False
         return sum(1 for s in active if not s.prefilling) <= self.config.speculate_max_rows
+
+    def _launch_masked(self, step: Launched) -> Launched | None:
+        """Queue the next forward pass, read `step`, then sample the pass with the masks its
+        tokens give: the device runs the pass while Python reads and masks. A row whose draw
+        in `step` will be taken back sits this step out (what it was fed is dropped)."""
+        held = {v.seq.id for v in step.samplers if v.ahead_key is not None and not v.seq.runs_free}
+        slots = self.scheduler.next_step([s for s in self._active if s.id not in held])
+        try:
+            begun = self.runner.begin(slots, queue=True) if slots else None
+        except Exception as exc:
+            self._fail_step(slots, exc)
+            begun = None
+        self._process(step)
+        if begun is None:
+            return None
+        try:
+            launched = self.runner.finish(begun)
+        except Exception as exc:
+            self._fail_step(begun.slots, exc)
+            return None
+        self.counters.steps += 1
+        return launched
 
     def _drain(self, block: bool) -> None:
         try:
@@ -350,14 +378,19 @@ class Engine:
     def _launch(self, slots) -> Launched | None:
         try:
             step = self.runner.launch(slots)
-        except Exception as exc:  # the whole pass failed: its rows' KV is no longer trustworthy
-            log.exception("engine step failed")
-            for slot in slots:
-                slot.seq.finish("error", f"engine step failed: {exc}")
+        except Exception as exc:
+            self._fail_step(slots, exc)
             return None
         if step is not None:
             self.counters.steps += 1
         return step
+
+    @staticmethod
+    def _fail_step(slots, exc: Exception) -> None:
+        """The whole pass failed: its rows' KV is no longer trustworthy."""
+        log.exception("engine step failed")
+        for slot in slots:
+            slot.seq.finish("error", f"engine step failed: {exc}")
 
     def _process(self, step: Launched) -> None:
         try:

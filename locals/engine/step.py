@@ -3,6 +3,9 @@
 `launch` builds the forward pass and the batch's sampling lazily and queues them
 (`mx.async_eval`); `process` reads the tokens back and hands each to its sequence.
 Between the two the engine may launch the next step, so the device never waits on Python.
+When a constrained row's next mask needs the token still in flight, the engine splits the
+launch: `begin` queues the forward pass, `process` reads the step before, `finish` samples
+with the masks then known, so the device runs the pass while Python reads and masks.
 """
 
 from __future__ import annotations
@@ -30,6 +33,18 @@ class Verify:
     # Sampled while the row's previous token was still in flight (a constrained row that
     # runs free): the PRNG key it used, to restore if the draw is taken back.
     ahead_key: object = None
+
+
+@dataclass
+class Begun:
+    """A step whose forward pass is built (maybe queued) and whose rows are not sampled yet."""
+
+    slots: list[Slot]
+    logits: mx.array | None  # None: no row samples this step
+    drafts: dict  # row id -> drafted tokens fed after its input
+    later: dict  # row id -> its mask after each draft token
+    forced_before: dict  # row id -> len(pending) when fed: more later means forced tokens came
+    prefill_tokens: int
 
 
 @dataclass
@@ -113,63 +128,94 @@ class StepRunner:
         room = seq.request.sampling.max_tokens - len(seq.generated) - 1
         return seq.spec.draft(room)
 
-    def _plan(self, slots: list[Slot]) -> tuple[dict, dict]:
-        """Each sampled row's masks (one per verified position) and draft."""
-        masks, drafts = {}, {}
+    def _drafts(self, slots: list[Slot]) -> tuple[dict, dict]:
+        """Each sampled row's draft, and its masks after each draft token (known before the
+        pass: only a row with nothing in flight drafts, so its automaton is current)."""
+        drafts, later = {}, {}
         decoding = sum(1 for s in slots if s.sample and not s.seq.prefilling)
         for slot in slots:
             seq = slot.seq
             if not slot.sample:
                 continue
             try:
-                first = seq.constraint.mask() if seq.constraint is not None else None
-                draft, later = _constrained_draft(seq, self._draft(seq, decoding))
+                drafts[seq.id], later[seq.id] = _constrained_draft(seq, self._draft(seq, decoding))
             except Exception as exc:  # a broken constraint fails its own request only
                 _fail(seq, exc)
-                continue
-            masks[seq.id], drafts[seq.id] = [first, *later], draft
-        return masks, drafts
+        return drafts, later
 
     def launch(self, slots: list[Slot]) -> Launched | None:
         """Queue the forward pass and sampling for `slots`; None when no row is left."""
-        masks, drafts = self._plan(slots)
+        begun = self.begin(slots)
+        return self.finish(begun) if begun is not None else None
+
+    def begin(self, slots: list[Slot], queue: bool = False) -> Begun | None:
+        """Build the forward pass for `slots` (queued on the device when `queue`, so a step
+        can run while the one before is read); `finish` samples it. None when no row is left."""
+        drafts, later = self._drafts(slots)
         slots = _batch_order([s for s in slots if not s.seq.finished], drafts)
         if not slots:
             return None
-        prefill_tokens = sum(s.n for s in slots if s.seq.prefilling)
-        rows, before = [], {}
+        rows, before, forced_before = [], {}, {}
         for slot in slots:
             seq, draft = slot.seq, drafts.get(slot.seq.id, [])
             before[seq.id] = seq.kv.offset
             tokens = seq.take_input(slot.n)
+            forced_before[seq.id] = len(seq.pending)
             if draft:
                 tokens = mx.concatenate([as_array(tokens), mx.array(draft, dtype=mx.int32)])
             elif not self.ragged:
                 tokens = as_array(tokens)
             rows.append(RowInput(tokens, slot.n + len(draft), seq.kv, slot.sample, len(draft) + 1))
         logits = forward(self.model, rows, self.compiled)
-        verify, sampling = self._sample_rows([s.seq for s in slots if s.sample], masks, drafts)
-        sampled = None
-        if verify:
-            sampled = sample(logits, sampling)
-            for v in verify:
-                seq = v.seq
-                if not v.draft:  # fed next step straight from the device, as rows of the batch's arrays
-                    seq.lazy = RowOf(sampled.tokens, v.start)
-                    seq.key = RowOf(sampled.keys, v.start)
-                seq.sampled_steps += 1
-                seq.inflight += 1
-            mx.async_eval(sampled.arrays())
-        else:
-            mx.async_eval([a for r in rows for a in r.kv.arrays()])
+        sampled_rows = any(s.sample for s in slots)
+        if queue or not sampled_rows:
+            mx.async_eval([logits] if sampled_rows else [a for r in rows for a in r.kv.arrays()])
         self._cache_points(slots, before)
-        return Launched(slots, verify, sampled, prefill_tokens)
+        prefill_tokens = sum(s.n for s in slots if s.seq.prefilling)
+        return Begun(slots, logits if sampled_rows else None, drafts, later, forced_before, prefill_tokens)
 
-    def _sample_rows(self, seqs: list[Sequence], masks: dict, drafts: dict) -> tuple[list[Verify], list[RowSampling]]:
-        """Each row's span of the draws, and one RowSampling per verified position."""
+    def finish(self, begun: Begun) -> Launched:
+        """Sample a begun step with each row's mask as it is now, and queue the draws. A row
+        that finished, or got forced tokens, since `begin` is not sampled: its draw is dropped."""
+        if begun.logits is None:
+            return Launched(begun.slots, [], None, begun.prefill_tokens)
+        masks, skip = {}, set()
+        for slot in begun.slots:
+            seq = slot.seq
+            if not slot.sample:
+                continue
+            try:
+                if seq.finished or len(seq.pending) > begun.forced_before[seq.id]:
+                    skip.add(seq.id)
+                first = seq.constraint.mask() if seq.constraint is not None and seq.id not in skip else None
+            except Exception as exc:  # a broken constraint fails its own request only
+                _fail(seq, exc)
+                skip.add(seq.id)
+                first = None
+            masks[seq.id] = [first, *begun.later.get(seq.id, [])]
+        seqs = [s.seq for s in begun.slots if s.sample]
+        verify, sampling = self._sample_rows(seqs, masks, begun.drafts, skip)
+        sampled = sample(begun.logits, sampling)
+        for v in verify:
+            seq = v.seq
+            if not v.draft:  # fed next step straight from the device, as rows of the batch's arrays
+                seq.lazy = RowOf(sampled.tokens, v.start)
+                seq.key = RowOf(sampled.keys, v.start)
+            seq.sampled_steps += 1
+            seq.inflight += 1
+        mx.async_eval(sampled.arrays())
+        return Launched(begun.slots, verify, sampled, begun.prefill_tokens)
+
+    def _sample_rows(self, seqs: list[Sequence], masks: dict, drafts: dict,
+                     skip: set = frozenset()) -> tuple[list[Verify], list[RowSampling]]:
+        """Each row's span of the draws, and one RowSampling per verified position (a row in
+        `skip` keeps its places in the logits with unmasked draws nobody reads)."""
         verify, rows = [], []
         for seq in seqs:
             draft = drafts.get(seq.id, [])
+            if seq.id in skip:
+                rows.extend(_row_sampling(seq, None, seq.key) for _ in range(len(draft) + 1))
+                continue
             if draft:  # one key per position; the row's own key moves on once
                 key = seq.key.value() if isinstance(seq.key, RowOf) else seq.key
                 keys = mx.random.split(key, len(draft) + 2)
