@@ -148,12 +148,15 @@ def engine_runs(loaded, prompt, batch: int, tokens: int, rounds: int) -> dict:
     loaded = without_eos(loaded)  # free rows decode their whole budget, like constrained ones
     engine = Engine(loaded, EngineConfig(max_batch=batch, speculate=False))
     engine.start()
-    runs = {"free": [], "constrained": [], "auto": []}
+    runs = {"free": [], "constrained": [], "auto": [], "constrained_sync": []}
     try:
         engine_step_times(engine, loaded, prompt, batch, batch * 8, "constrained")  # warm: shapes, automata
         for _ in range(rounds):
             for name in runs:
-                runs[name].append(engine_step_times(engine, loaded, prompt, batch, tokens, name))
+                # constrained_sync: the same rows, each step built only after the one before is read
+                engine.config.pipeline_masks = name != "constrained_sync"
+                mode = name.removesuffix("_sync")
+                runs[name].append(engine_step_times(engine, loaded, prompt, batch, tokens, mode))
     finally:
         engine.stop()
     results = {}
@@ -169,6 +172,8 @@ def engine_runs(loaded, prompt, batch: int, tokens: int, rounds: int) -> dict:
                                             / results["engine_tokens_per_s_free"])
     # Tools offered, tool_choice auto: free text runs ahead of its last token like a free row.
     results["engine_auto_step_time_ratio"] = results["engine_s_per_step_auto"] / results["engine_s_per_step_free"]
+    results["engine_sync_tokens_per_s_ratio"] = (results["engine_tokens_per_s_constrained_sync"]
+                                                 / results["engine_tokens_per_s_free"])
     results["engine_taken_back_tokens"] = engine.stats().extra["taken_back_tokens"]
     return results
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlx.core as mx  # noqa: E402
 
 from benchmarks.common import interleaved, summary, write_results  # noqa: E402
-from locals.engine.kernels.reference import quantized_matmul, random_problem  # noqa: E402
+from locals.engine.kernels.reference import cold_problems, quantized_matmul, rotating  # noqa: E402
 from locals.engine.kernels.tuning import MLX_OP, current_chip, default_candidates  # noqa: E402
 from locals.engine.kernels.verify import default_cases, passes, verify  # noqa: E402
 
@@ -57,12 +57,13 @@ def bench_shape(n: int, k: int, rows: list[int], cands: list, args) -> list[dict
     """Per M: every variant's samples (µs per call), median and range."""
     out = []
     for m in rows:
-        x, w, scales, biases = random_problem(m, n, k, args.bits, args.group_size, args.dtype)
-        prob = (x, w, scales, biases, args.group_size, args.bits)
-        fns = {MLX_OP: lambda p=prob: quantized_matmul(*p)}
-        fns.update({c.name: (lambda c=c, p=prob: c(*p)) for c in cands
-                    if c.supports(m, args.bits, args.group_size, args.dtype, args.dtype)})
-        samples = interleaved(args.rounds, {name: _timer(fn, args.repeats) for name, fn in fns.items()})
+        # Weights read from memory, as in a model's step: calls rotate through copies.
+        x, copies = cold_problems(m, n, k, args.bits, args.group_size, args.dtype)
+        usable = [c for c in cands if c.supports(m, args.bits, args.group_size, args.dtype, args.dtype)]
+        fns = {name: rotating(fn, x, copies, args.group_size, args.bits)
+               for name, fn in [(MLX_OP, quantized_matmul), *((c.name, c) for c in usable)]}
+        repeats = max(args.repeats, len(copies))
+        samples = interleaved(args.rounds, {name: _timer(fn, repeats) for name, fn in fns.items()})
         stats = {name: {**summary([s["us"] for s in runs]), "samples": [round(s["us"], 2) for s in runs]}
                  for name, runs in samples.items()}
         best = min((s for s in stats if s != MLX_OP), key=lambda s: stats[s]["median"], default=MLX_OP)

@@ -384,13 +384,14 @@ def test_constrained_rows_pipeline_their_forward_pass_with_the_same_output(tiny_
     vocab = tiny_llama.vocab_size
     prompts = make_prompts(tiny_llama.tokenizer, [7, 12, 19, 5])
     runs, queued = {}, {}
-    for pipeline in (False, True):
-        eng = Engine(tiny_llama, EngineConfig(pipeline=pipeline, speculate=False, prefix_cache_bytes=0))
+    modes = {"sync": dict(pipeline=False), "read first": dict(pipeline_masks=False), "masked": {}}
+    for mode, options in modes.items():
+        eng = Engine(tiny_llama, EngineConfig(speculate=False, prefix_cache_bytes=0, **options))
         begin = eng.runner.begin
-        queued[pipeline] = 0
+        queued[mode] = 0
 
-        def spy(slots, queue=False, begin=begin, pipeline=pipeline):
-            queued[pipeline] += int(queue)
+        def spy(slots, queue=False, begin=begin, mode=mode):
+            queued[mode] += int(queue)
             return begin(slots, queue)
 
         eng.runner.begin = spy
@@ -403,12 +404,12 @@ def test_constrained_rows_pipeline_their_forward_pass_with_the_same_output(tiny_
                 ids.append(c.submit(eng, GenerationRequest(p, SamplingParams(**sampling), constraint=constraint)))
             ids.append(c.submit(eng, GenerationRequest(prompts[3], SamplingParams(**sampling))))
             c.wait()
-            runs[pipeline] = [c.tokens(i) for i in ids]
+            runs[mode] = [c.tokens(i) for i in ids]
             assert all(c.finish(i).reason in ("stop", "length") for i in ids)
         finally:
             eng.stop()
-    assert runs[True] == runs[False]
-    assert queued[False] == 0 and queued[True] > 10
-    for j, tokens in enumerate(runs[True][:3]):
+    assert runs["masked"] == runs["read first"] == runs["sync"]
+    assert queued["sync"] == queued["read first"] == 0 and queued["masked"] > 10
+    for j, tokens in enumerate(runs["masked"][:3]):
         assert tokens and set(tokens) <= {30 + j, 40 + j, 5, 6, 9}
-    assert any(5 in tokens for tokens in runs[True][:3]), "no row took the forced path"
+    assert any(5 in tokens for tokens in runs["masked"][:3]), "no row took the forced path"

@@ -233,11 +233,13 @@ class Engine:
                 copying = self._pump is not None and self._pump(idle)
                 self._drain(block=idle and not copying and (self.idle_work is None or not quiet))
                 self._admit()
-                if launched is not None and self._sync_for_masks() and not self._sync_for_drafts():
+                waits = launched is not None
+                masks, drafts = waits and self._sync_for_masks(), waits and self._sync_for_drafts()
+                if masks and not drafts and self.config.pipeline_masks:
                     launched = self._launch_masked(launched)  # next pass queued, then masks
                     self._reap()
                     continue
-                if launched is not None and self._sync_for_drafts():
+                if masks or drafts:
                     self._process(launched)
                     launched = None
                 slots = self.scheduler.next_step(self._active)

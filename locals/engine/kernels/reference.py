@@ -6,6 +6,7 @@ the weights and multiplies in float32, the ground truth the verifier measures er
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import mlx.core as mx
@@ -75,6 +76,33 @@ def random_problem(rows: int, n: int, k: int, bits: int, group_size: int, dtype,
     w, scales, biases = mx.quantize(dense, group_size=group_size, bits=bits)
     mx.eval(x, w, scales, biases)
     return x, w, scales, biases
+
+
+# Timing rotates through copies of a layer's weights until they span this many bytes: more
+# than any GPU's last-level cache (H200: 50 MB; Apple's system-level cache: up to 96 MB),
+# so each call reads its weights from memory, as each layer of a model's step does. One
+# copy stays in cache: on the H200 that made MLX's 8-row kernel look 2-4x faster than the
+# candidates (kernels-gpu-20261129-141642.json, ~20 us for 9728x2560), while a model's 252
+# matmuls at 8 rows took 13.5 ms, 3.7x the 1-row time (step_parts-gpu-20261130-052430.json).
+COLD_BYTES = 256 << 20
+MAX_COPIES = 64
+
+
+def cold_problems(rows: int, n: int, k: int, bits: int, group_size: int, dtype,
+                  cold_bytes: int = COLD_BYTES) -> tuple[mx.array, list[tuple[mx.array, mx.array, mx.array]]]:
+    """One x and enough (w, scales, biases) copies to span `cold_bytes` (at most MAX_COPIES)."""
+    x, w, scales, biases = random_problem(rows, n, k, bits, group_size, dtype)
+    copies = [(w, scales, biases)]
+    size = w.nbytes + scales.nbytes + biases.nbytes
+    while len(copies) < MAX_COPIES and len(copies) * size < cold_bytes:
+        copies.append(random_problem(1, n, k, bits, group_size, dtype)[1:])
+    return x, copies
+
+
+def rotating(fn, x: mx.array, copies: list, group_size: int, bits: int):
+    """A zero-argument call of `fn(x, w, scales, biases, group_size, bits)` on the next copy."""
+    turn = itertools.cycle(copies)
+    return lambda: fn(x, *next(turn), group_size, bits)
 
 
 def _fresh_seed() -> int:

@@ -21,7 +21,8 @@ import mlx.core as mx
 
 from locals.config import cache_dir
 from locals.engine.kernels import qmm
-from locals.engine.kernels.reference import DequantizedCandidate, PaddedCandidate, quantized_matmul, random_problem
+from locals.engine.kernels.reference import (DequantizedCandidate, PaddedCandidate, cold_problems, quantized_matmul,
+                                             rotating)
 from locals.engine.kernels.verify import DEFAULT_ROWS, DEFAULT_SHAPES, Case, check, default_cases, passes, verify
 
 MLX_OP = "mlx"  # the choice that means "keep MLX's own quantized_matmul"
@@ -121,7 +122,8 @@ def measure(fns: dict[str, Callable[[], mx.array]], rounds: int = 7, repeats: in
     """Seconds per call of each function: interleaved rounds, every sample kept.
 
     Each sample evaluates `repeats` independent calls together, because timing only
-    the last of several lazy results would miss the others. None when `pause()` turned
+    the last of several lazy results would miss the others (each call on its own copy of
+    the weights, see `cold_problems`, when the functions rotate through copies). None when `pause()` turned
     True between rounds (the samples are incomplete and dropped).
     """
     for fn in fns.values():
@@ -177,11 +179,10 @@ def _tune_one(problem: Problem, rows: int, candidates: list, rounds: int, repeat
     usable = [c for c in candidates if c.supports(rows, problem.bits, problem.group_size, dtype, dtype)]
     case = Case(rows, problem.n, problem.k, problem.bits, problem.group_size, dtype)
     usable = [c for c in usable if check(c, case).ok]  # this exact shape, fresh data
-    x, w, scales, biases = random_problem(rows, problem.n, problem.k, problem.bits, problem.group_size, dtype)
-    args = (x, w, scales, biases, problem.group_size, problem.bits)
-    fns = {MLX_OP: lambda: quantized_matmul(*args)}
-    fns.update({c.name: (lambda c=c: c(*args)) for c in usable})
-    samples = measure(fns, rounds, repeats, pause)
+    x, copies = cold_problems(rows, problem.n, problem.k, problem.bits, problem.group_size, dtype)
+    fns = {name: rotating(fn, x, copies, problem.group_size, problem.bits)
+           for name, fn in [(MLX_OP, quantized_matmul), *((c.name, c) for c in usable)]}
+    samples = measure(fns, rounds, max(repeats, len(copies)), pause)
     if samples is None:
         return None
     medians = {name: statistics.median(s) * 1e6 for name, s in samples.items()}
