@@ -2,7 +2,8 @@
 
 For a random Qwen3-shaped 4-bit model, at each batch size B, evaluated synchronously (the
 device's time, no pipelining): mlx-lm's whole model step (batched KVCache, argmax), and
-each part of it repeated for every layer as one graph: the seven quantized matmuls, the
+each part of it repeated for every layer as one graph: the seven quantized matmuls (on
+mlx-lm's (B, 1, hidden) input, and on the engine's flat (B, hidden) one), the
 attention call over a context, the K/V scatter write the engine makes, the norms/rope,
 and the lm_head; plus the cost of an empty kernel (a chain of tiny adds). A part whose
 time grows with B while the weights read stay the same is where batching loses.
@@ -75,6 +76,17 @@ def parts(model, b: int, context: int) -> dict:
             out += [a.q_proj(x), a.k_proj(x), a.v_proj(x), a.o_proj(x_o), m.gate_proj(x), m.up_proj(x), m.down_proj(x_mid)]
         return out
 
+    flat = x.reshape(b, hidden)  # the engine's layout: one (tokens, hidden) matrix
+    flat_mid, flat_o = x_mid.reshape(b, -1), x_o.reshape(b, -1)
+
+    def matmuls_flat():
+        out = []
+        for layer in layers:
+            a, m = layer.self_attn, layer.mlp
+            out += [a.q_proj(flat), a.k_proj(flat), a.v_proj(flat), a.o_proj(flat_o), m.gate_proj(flat),
+                    m.up_proj(flat), m.down_proj(flat_mid)]
+        return out
+
     def attention():
         return [mx.fast.scaled_dot_product_attention(q, keys, values, scale=dim ** -0.5) for _ in layers]
 
@@ -103,7 +115,8 @@ def parts(model, b: int, context: int) -> dict:
             y = y + 1
         return y
 
-    return {"whole_step": whole_step(model, b, context), "matmuls": matmuls, "attention": attention,
+    return {"whole_step": whole_step(model, b, context), "matmuls": matmuls, "matmuls_flat": matmuls_flat,
+            "attention": attention,
             "kv_write": kv_write, "norms_rope": norms_rope, "lm_head": lm_head,
             f"empty_kernels_x{len(layers) * 25}": empty_kernels}
 

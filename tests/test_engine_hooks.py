@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 
 from locals.engine.admission import KVBudgetAdmission
-from locals.engine.engine import Engine
+from locals.engine.engine import FREE_RUN, Engine
 from locals.engine.settings import EngineConfig
 from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 from test_engine import Collector, make_prompts, run_alone
@@ -376,11 +376,12 @@ class ForcedEvery(AllowedSet):
             self._force_next = self.sampled % self.every == 0
 
 
-@pytest.mark.parametrize("sampling", [dict(max_tokens=24), dict(max_tokens=24, temperature=1.2, seed=5)])
+@pytest.mark.parametrize("sampling", [dict(max_tokens=64), dict(max_tokens=64, temperature=1.2, seed=5)])
 def test_constrained_rows_pipeline_their_forward_pass_with_the_same_output(tiny_llama, sampling):
-    # Constrained rows need their last token before their mask: the engine queues the next
-    # forward pass first and masks its sampling after reading (begin/finish). Forced tokens
-    # that arrive meanwhile drop that row's draw. Output must equal the synchronous engine's.
+    # Constrained rows need their last token before their mask: once they write a value (no
+    # forced tokens for FREE_RUN tokens) the engine queues the next forward pass first and
+    # masks its sampling after reading (begin/finish). Forced tokens that arrive meanwhile
+    # drop that row's draw. Output must equal the synchronous engine's.
     vocab = tiny_llama.vocab_size
     prompts = make_prompts(tiny_llama.tokenizer, [7, 12, 19, 5])
     runs, queued = {}, {}
@@ -399,8 +400,8 @@ def test_constrained_rows_pipeline_their_forward_pass_with_the_same_output(tiny_
         try:
             c = Collector()
             ids = []
-            for j, p in enumerate(prompts[:3]):  # rows forced at different rhythms
-                constraint = ForcedEvery(vocab, {30 + j, 40 + j}, every=j + 2, forced=[5, 6], closing=[9])
+            for j, p in enumerate(prompts[:3]):  # long free runs, then forced tokens, at different rhythms
+                constraint = ForcedEvery(vocab, {30 + j, 40 + j}, every=FREE_RUN + 12 + j, forced=[5, 6], closing=[9])
                 ids.append(c.submit(eng, GenerationRequest(p, SamplingParams(**sampling), constraint=constraint)))
             ids.append(c.submit(eng, GenerationRequest(prompts[3], SamplingParams(**sampling))))
             c.wait()

@@ -28,9 +28,9 @@ class EngineConfig:
     prefix_cache_bytes: int = field(default_factory=lambda: default_prefix_cache_bytes())
     # Queue step n+1 before reading step n's tokens.
     pipeline: bool = True
-    # With constrained rows whose next mask needs the token in flight: queue the next
-    # forward pass before reading, and mask its sampling after (a row that gets forced
-    # tokens meanwhile drops that draw); False reads first, then builds the whole step.
+    # With constrained rows whose next mask needs the token in flight, and that are writing
+    # a value (no forced tokens for a while): queue the next forward pass before reading,
+    # and mask its sampling after; False always reads first, then builds the whole step.
     pipeline_masks: bool = True
     # Prompt-lookup speculative decoding: rows whose recent tokens occur earlier in their
     # prompt or output propose up to `max_draft` tokens, verified in the same forward pass.
