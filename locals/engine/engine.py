@@ -284,7 +284,7 @@ class Engine:
         each has sampled FREE_RUN tokens in a row that forced none (it is writing a value).
         A row that gets forced tokens meanwhile loses the queued draw, a whole step; among
         short values that happens on most tokens, and reading first was faster on the H200
-        (constraint-gpu-20261130-054010.json: 1129 vs 980 tokens/s, 6 small tools)."""
+        (1129 vs 980 tokens/s with 6 small tools, docs/benchmarks.md, constrained decoding)."""
         return self.config.pipeline_masks and all(
             s.sampled_since_forced >= FREE_RUN for s in self._active if s.needs_sync)
 

@@ -298,8 +298,9 @@ def _kernel(backend: str, staged: bool):
 
 def tuning_rows(backend: str) -> list[int]:
     """Row counts worth tuning on `backend`. On CUDA 1-7: from 8 rows MLX switches to its
-    matrix kernel, which beat every candidate in every H200 case by 2-4x
-    (kernels-gpu-20261129-141642.json), so rows 8-16 only cost compiles and timing."""
+    matrix kernel, which beat every candidate in every H200 case, with the weights in cache
+    (kernels-gpu-20261129-141642.json, 2-4x) and read from memory (its 8-16-row cost is its
+    1-row cost, tuning_table-gpu-20261130-053213.json), so rows 8-16 only cost compiles."""
     return list(range(1, 8)) if backend == "cuda" else list(range(1, MAX_ROWS + 1))
 
 
