@@ -10,6 +10,8 @@
 #               attention with a mask, which MLX's CUDA vector kernel does not take)
 #   profile     step_profile B = 1,4,8,32 (phases of a decode step)
 #   donation    kv_donation: does a K/V write copy the cache while the step before still runs?
+#   parts       step_parts B = 1,4,8: each part of a step in MLX itself (matmuls on mlx-lm's
+#               (B, 1, hidden) input and on the engine's flat one, attention, lm_head, ...)
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
 #   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
 # MODEL: qwen3-4b (default) on a GPU; qwen3-tiny tries the script out on a CPU.
@@ -38,6 +40,8 @@ for part in ${parts//,/ }; do
       --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline ;;
     ragged) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 8,32 --tokens 32 --prompt-len 64 --length-spread 192 --rounds 3 ;;
+    parts) timeout "${PARTS_TIMEOUT:-240}" python3 benchmarks/step_parts.py --random-model "$model" \
+      --batches 1,4,8 --repeats 10 ;;
     donation) timeout 120 python3 benchmarks/kv_donation.py --tokens 8192 --steps 20 --work 8192 ;;
     profile) timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/step_profile.py --random-model "$model" \
       --batches 1,4,8,32 --tokens 32 --variants locals ;;
