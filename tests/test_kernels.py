@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from locals.engine.kernels import qmm
-from locals.engine.kernels.reference import (DequantizedCandidate, PaddedCandidate, dequantized_matmul,
-                                             quantized_matmul, random_problem)
+from locals.engine.kernels.reference import (MAX_COPIES, DequantizedCandidate, PaddedCandidate, cold_problems,
+                                             dequantized_matmul, quantized_matmul, random_problem, rotating)
 from locals.engine.kernels.registry import TunedQuantizedLinear, patch_model, tuned_linear
 from locals.engine.kernels.tuning import (MLX_OP, Problem, TuningTable, current_chip, kernels_tag, load_table,
                                           measure, model_problems, save_table, table_path, tune)
@@ -80,6 +80,24 @@ def test_random_problem_is_fresh_each_call():
     a = random_problem(2, 16, 64, 4, 32, mx.float32)[0]
     b = random_problem(2, 16, 64, 4, 32, mx.float32)[0]
     assert not mx.array_equal(a, b)
+
+
+def test_timing_rotates_through_weight_copies_that_span_the_cold_size():
+    # Timing reads weights from memory, as a model's step does: enough distinct copies to
+    # pass the cache size, capped; each call takes the next copy, all in turn.
+    x, copies = cold_problems(3, 64, 256, 4, 64, mx.float32, cold_bytes=40_000)
+    w, scales, biases = copies[0]
+    size = w.nbytes + scales.nbytes + biases.nbytes
+    assert len(copies) == -(-40_000 // size) and len(copies) * size >= 40_000
+    assert not mx.array_equal(copies[0][0], copies[1][0])
+    assert len(cold_problems(1, 8, 64, 4, 64, mx.float32, cold_bytes=1 << 30)[1]) == MAX_COPIES
+    seen = []
+    call = rotating(lambda x_, w_, s_, b_, g, bits: seen.append(id(w_)) or quantized_matmul(x_, w_, s_, b_, g, bits),
+                    x, copies, 64, 4)
+    outs = [call() for _ in range(2 * len(copies))]
+    assert seen == [id(c[0]) for c in copies] * 2
+    assert outs[0].shape == (3, 64)
+    assert mx.allclose(outs[0], quantized_matmul(x, w, scales, biases, 64, 4)).item()
 
 
 def test_verifier_passes_a_correct_candidate_on_odd_shapes():

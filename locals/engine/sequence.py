@@ -38,7 +38,7 @@ class Sequence:
         self.sampled_steps = 0  # tokens sampled, including steps still in flight
         self.inflight = 0
         self.constraint = request.constraint
-        # Sampled tokens in a row that forced no tokens after them (a long value being written).
+        # Masked tokens sampled in a row that forced no tokens after them (a long value being written).
         self.sampled_since_forced = 0
         self.guards = guards
         self.stop_ids = set(tokenizer.eos_token_ids) | set(request.sampling.stop_token_ids)
@@ -177,7 +177,8 @@ class Sequence:
         if c.is_complete():
             return self._finish_text(self._complete_reason())
         forced = c.forced_tokens()
-        self.sampled_since_forced = 0 if forced else self.sampled_since_forced + 1
+        free = getattr(c, "unmasked", None)  # free text before a call counts as no run
+        self.sampled_since_forced = 0 if forced or (free is not None and free()) else self.sampled_since_forced + 1
         for token in forced:
             if self._room_left_for_closing():
                 return
