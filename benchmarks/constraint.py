@@ -3,7 +3,9 @@ compile time per schema, first-seen 24-tool latency, and the share of jump-forwa
 
 Step time is measured twice: a plain decode loop over the model (mask built and applied
 between forward passes, each timed on its own), and the engine itself (`engine_*`: rows
-constrained or not, interleaved rounds), which is what a server runs.
+constrained or not, interleaved rounds), which is what a server runs. The engine also runs
+a write_file tool whose content is a long string, where masked rows may queue the next
+pass before their token is read, against the same rows always reading first (`*_sync`).
 
 Also the compile time of one tool's call automaton in each tool-call format. Writes
 benchmarks/results/constraint-<device>-<time>.json.
@@ -96,18 +98,23 @@ def step_times(loaded, prompt, batch: int, steps: int, constrained: bool) -> tup
     return elapsed / steps, mask_s / steps, forced_count / max(total, 1)
 
 
+WRITE_FILE = [fn("write_file", {"path": S, "content": S}, ["path", "content"])]
+WRITE_PROMPT = "Write a Python module with three functions and docstrings, and save it with write_file."
+
+
 def engine_step_times(engine, loaded, prompt, batch: int, tokens: int, mode: str) -> dict:
     """A started engine at `batch` rows (a finished one is replaced by a new request), in `mode`:
-    "free" (no tools), "constrained" (6 tools, tool_choice required) or "auto" (6 tools, free
-    text until a call starts): seconds per engine step and tokens per second."""
+    "free" (no tools), "constrained" (6 tools, tool_choice required), "auto" (6 tools, free
+    text until a call starts) or "long" (one write_file tool, required: long string values):
+    seconds per engine step and tokens per second."""
     from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
-    tools = tool_set("bench", 6)
+    tools = WRITE_FILE if mode == "long" else tool_set("bench", 6)
     done, lock = threading.Event(), threading.Lock()
     state = {"tokens": 0, "open": 0, "steps0": 0, "t0": 0.0}
 
     def submit() -> None:
-        choice = {"constrained": "required", "auto": "auto"}.get(mode)
+        choice = {"constrained": "required", "auto": "auto", "long": "required"}.get(mode)
         c = build_constraint(loaded, tools=tools, tool_choice=choice, max_tokens=10_000) if choice else None
         state["open"] += 1
         engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=96), constraint=c), sink)
@@ -139,8 +146,9 @@ def engine_step_times(engine, loaded, prompt, batch: int, tokens: int, mode: str
     return {"s_per_step": elapsed / steps, "tokens_per_s": state["tokens"] / elapsed, "steps": steps}
 
 
-def engine_runs(loaded, prompt, batch: int, tokens: int, rounds: int) -> dict:
-    """Free and constrained engine runs interleaved over `rounds` on one engine: medians and ranges."""
+def engine_runs(loaded, prompts: dict[str, list[int]], batch: int, tokens: int, rounds: int) -> dict:
+    """Free and constrained engine runs interleaved over `rounds` on one engine: medians and ranges.
+    `prompts`: "bench" (the 6 tools' prompt) and "long" (write_file's)."""
     from locals.engine.bench import without_eos
     from locals.engine.engine import Engine
     from locals.engine.settings import EngineConfig
@@ -148,18 +156,22 @@ def engine_runs(loaded, prompt, batch: int, tokens: int, rounds: int) -> dict:
     loaded = without_eos(loaded)  # free rows decode their whole budget, like constrained ones
     engine = Engine(loaded, EngineConfig(max_batch=batch, speculate=False))
     engine.start()
-    runs = {"free": [], "constrained": [], "auto": [], "constrained_sync": []}
+    runs = {"free": [], "constrained": [], "auto": [], "constrained_sync": [], "long": [], "long_sync": []}
+    masked_steps = dict.fromkeys(runs, 0)
     try:
-        engine_step_times(engine, loaded, prompt, batch, batch * 8, "constrained")  # warm: shapes, automata
+        engine_step_times(engine, loaded, prompts["bench"], batch, batch * 8, "constrained")  # warm: shapes, automata
         for _ in range(rounds):
             for name in runs:
-                # constrained_sync: the same rows, each step built only after the one before is read
-                engine.config.pipeline_masks = name != "constrained_sync"
+                # *_sync: the same rows, each step built only after the one before is read
+                engine.config.pipeline_masks = not name.endswith("_sync")
                 mode = name.removesuffix("_sync")
+                before = engine.counters.masks_after_total
+                prompt = prompts["long" if mode == "long" else "bench"]
                 runs[name].append(engine_step_times(engine, loaded, prompt, batch, tokens, mode))
+                masked_steps[name] += engine.counters.masks_after_total - before
     finally:
         engine.stop()
-    results = {}
+    results = {"engine_masks_after_steps": " ".join(f"{k}={v}" for k, v in masked_steps.items() if v)}
     for name, rs in runs.items():
         per_step = sorted(r["s_per_step"] for r in rs)
         results[f"engine_s_per_step_{name}"] = statistics.median(per_step)
@@ -174,6 +186,9 @@ def engine_runs(loaded, prompt, batch: int, tokens: int, rounds: int) -> dict:
     results["engine_auto_step_time_ratio"] = results["engine_s_per_step_auto"] / results["engine_s_per_step_free"]
     results["engine_sync_tokens_per_s_ratio"] = (results["engine_tokens_per_s_constrained_sync"]
                                                  / results["engine_tokens_per_s_free"])
+    # Long string values: the rule queues the next pass first; *_sync reads first.
+    results["engine_long_tokens_per_s_ratio"] = (results["engine_tokens_per_s_long"]
+                                                 / results["engine_tokens_per_s_long_sync"])
     results["engine_taken_back_tokens"] = engine.stats().extra["taken_back_tokens"]
     return results
 
@@ -252,7 +267,10 @@ def main() -> None:
                    overhead=constrained / free - 1, mask_s_per_step=mask_s, jump_forward_share=forced,
                    loop_overheads=" ".join(f"{c[0] / f[0] - 1:+.3f}" for f, c in zip(loops[False], loops[True])))
     # The same through the engine (pipelined steps, masks on the device inside the step).
-    results.update(engine_runs(loaded, prompt, args.batch, args.engine_tokens, args.rounds))
+    long_prompt = encode_prompt(loaded, render_prompt(loaded, [{"role": "user", "content": WRITE_PROMPT}],
+                                                      tools=WRITE_FILE))
+    results.update(engine_runs(loaded, {"bench": prompt, "long": long_prompt}, args.batch, args.engine_tokens,
+                               args.rounds))
     for key, value in results.items():
         print(f"{key:44} {value:.4f}" if isinstance(value, float) else f"{key:44} {value}")
     print("wrote", write_results("constraint", results))

@@ -407,6 +407,7 @@ def test_constrained_rows_pipeline_their_forward_pass_with_the_same_output(tiny_
             c.wait()
             runs[mode] = [c.tokens(i) for i in ids]
             assert all(c.finish(i).reason in ("stop", "length") for i in ids)
+            assert eng.stats().extra["masks_after_steps"] == queued[mode]
         finally:
             eng.stop()
     assert runs["masked"] == runs["read first"] == runs["sync"]

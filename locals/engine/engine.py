@@ -206,7 +206,7 @@ class Engine:
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
                    "tuning_left": int(getattr(self.idle_work, "left", 0) or 0),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
-                   "taken_back_tokens": c.taken_back_total,
+                   "taken_back_tokens": c.taken_back_total, "masks_after_steps": c.masks_after_total,
                    "prefix_cache_bytes": int(getattr(self.prefix_cache, "nbytes", 0)),
                    "prefix_disk_hits": int(getattr(self.prefix_cache, "disk_hits", 0)),
                    "shared_prefill_waits": self.shared_prefill.waits},
@@ -307,6 +307,7 @@ class Engine:
         except Exception as exc:
             self._fail_step(slots, exc)
             begun = None
+        self.counters.masks_after_total += begun is not None  # counted before `step` emits events
         self._process(step)
         if begun is None:
             return None

@@ -45,6 +45,7 @@ class Counters:
     drafted_tokens_total: int = 0  # prompt-lookup draft tokens verified
     accepted_tokens_total: int = 0  # of those, kept
     taken_back_total: int = 0  # tokens constrained rows sampled ahead, then dropped for a masked draw
+    masks_after_total: int = 0  # steps queued before their masked rows' tokens were read
     last_ttft_s: float = 0.0
     finish_reasons: dict[str, int] = field(default_factory=dict)
     decode: RateMeter = field(default_factory=RateMeter)
