@@ -53,71 +53,57 @@ def whole_step(model, b: int, context: int):
     return step
 
 
+def matmul_parts(layers, b: int, x: mx.array, x_mid: mx.array, x_o: mx.array) -> dict:
+    """Every layer's seven quantized matmuls, on mlx-lm's (B, 1, ...) inputs and on the
+    engine's flat (B, ...) ones (one (tokens, hidden) matrix)."""
+    def run(h, mid, o):
+        out = []
+        for layer in layers:
+            a, m = layer.self_attn, layer.mlp
+            out += [a.q_proj(h), a.k_proj(h), a.v_proj(h), a.o_proj(o), m.gate_proj(h), m.up_proj(h), m.down_proj(mid)]
+        return out
+
+    flat = (x.reshape(b, -1), x_mid.reshape(b, -1), x_o.reshape(b, -1))
+    return {"matmuls": lambda: run(x, x_mid, x_o), "matmuls_flat": lambda: run(*flat)}
+
+
 def parts(model, b: int, context: int) -> dict:
     """The step's parts, each for every layer in one graph, as zero-argument callables."""
     layers = model.model.layers
     args = model.args
     hidden, heads, kv_heads, dim = args.hidden_size, args.num_attention_heads, args.num_key_value_heads, args.head_dim
-    x = mx.random.normal((b, 1, hidden)).astype(mx.bfloat16)
-    q = mx.random.normal((b, heads, 1, dim)).astype(mx.bfloat16)
-    keys = mx.random.normal((b, kv_heads, context, dim)).astype(mx.bfloat16)
-    values = mx.random.normal((b, kv_heads, context, dim)).astype(mx.bfloat16)
-    k_new = mx.random.normal((b, kv_heads, 1, dim)).astype(mx.bfloat16)
+    normal = lambda *shape: mx.random.normal(shape).astype(mx.bfloat16)  # noqa: E731
+    x, q, k_new = normal(b, 1, hidden), normal(b, heads, 1, dim), normal(b, kv_heads, 1, dim)
+    keys, values = normal(b, kv_heads, context, dim), normal(b, kv_heads, context, dim)
+    x_mid, x_o = normal(b, 1, args.intermediate_size), normal(b, 1, heads * dim)
     caches = [mx.zeros((b, kv_heads, 256, dim), dtype=mx.bfloat16) for _ in range(2 * len(layers))]
     index = (mx.arange(b)[:, None, None], mx.arange(kv_heads)[None, :, None], mx.full((b, 1, 1), context, mx.int32))
-    x_mid = mx.random.normal((b, 1, args.intermediate_size)).astype(mx.bfloat16)
-    x_o = mx.random.normal((b, 1, heads * dim)).astype(mx.bfloat16)
     mx.eval(x, q, keys, values, k_new, caches, x_mid, x_o)
 
-    def matmuls():
-        out = []
-        for layer in layers:
-            a, m = layer.self_attn, layer.mlp
-            out += [a.q_proj(x), a.k_proj(x), a.v_proj(x), a.o_proj(x_o), m.gate_proj(x), m.up_proj(x), m.down_proj(x_mid)]
-        return out
-
-    flat = x.reshape(b, hidden)  # the engine's layout: one (tokens, hidden) matrix
-    flat_mid, flat_o = x_mid.reshape(b, -1), x_o.reshape(b, -1)
-
-    def matmuls_flat():
-        out = []
-        for layer in layers:
-            a, m = layer.self_attn, layer.mlp
-            out += [a.q_proj(flat), a.k_proj(flat), a.v_proj(flat), a.o_proj(flat_o), m.gate_proj(flat),
-                    m.up_proj(flat), m.down_proj(flat_mid)]
-        return out
-
-    def attention():
-        return [mx.fast.scaled_dot_product_attention(q, keys, values, scale=dim ** -0.5) for _ in layers]
-
     def kv_write():
-        for i, c in enumerate(caches):
+        for c in caches:
             c[index] = k_new
         return caches
 
     def norms_rope():
         out = []
         for layer in layers:
-            h = layer.input_layernorm(x)
-            h = layer.post_attention_layernorm(h + x)
+            h = layer.post_attention_layernorm(layer.input_layernorm(x) + x)
             qn = layer.self_attn.rope(layer.self_attn.q_norm(q), offset=context)
             out += [h, qn, layer.self_attn.k_norm(k_new)]
         return out
 
-    def lm_head():
-        return model.model.embed_tokens.as_linear(x)
-
-    tiny = mx.zeros((b, 16))
-
     def empty_kernels():
-        y = tiny
+        y = mx.zeros((b, 16))
         for _ in range(len(layers) * 25):
             y = y + 1
         return y
 
-    return {"whole_step": whole_step(model, b, context), "matmuls": matmuls, "matmuls_flat": matmuls_flat,
-            "attention": attention,
-            "kv_write": kv_write, "norms_rope": norms_rope, "lm_head": lm_head,
+    return {"whole_step": whole_step(model, b, context), **matmul_parts(layers, b, x, x_mid, x_o),
+            "attention": lambda: [mx.fast.scaled_dot_product_attention(q, keys, values, scale=dim ** -0.5)
+                                  for _ in layers],
+            "kv_write": kv_write, "norms_rope": norms_rope,
+            "lm_head": lambda: model.model.embed_tokens.as_linear(x),
             f"empty_kernels_x{len(layers) * 25}": empty_kernels}
 
 

@@ -123,8 +123,8 @@ def measure(fns: dict[str, Callable[[], mx.array]], rounds: int = 7, repeats: in
 
     Each sample evaluates `repeats` independent calls together, because timing only
     the last of several lazy results would miss the others (each call on its own copy of
-    the weights, see `cold_problems`, when the functions rotate through copies). None when `pause()` turned
-    True between rounds (the samples are incomplete and dropped).
+    the weights, see `cold_problems`, when the functions rotate through copies). None
+    when `pause()` turned True between rounds (the samples are incomplete and dropped).
     """
     for fn in fns.values():
         mx.eval(fn())  # compile and warm up outside the samples
