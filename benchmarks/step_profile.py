@@ -111,8 +111,8 @@ class StepClock:
         out["gc_ms_per_step"] = round(self.gc_s * 1e3 / max(len(self.marks), 1), 3)
         # Every step's time, in order: a median can hide two kinds of step.
         out["step_samples"] = [round(g * 1e3, 2) for g in gaps]
-        # Inside launch too (when timed): which part makes every other B = 8 step on the H200
-        # take twice as long (steps alternate ~9 and ~21 ms in every run so far).
+        # Inside launch too (when timed): on the H200 every third or fourth B = 4-8 step is
+        # ~15 ms longer, inside `async_eval` (MLX waits there for the device to catch up).
         for part in ("launch", "forward", "async_eval", "wait"):
             if self.samples.get(part):
                 out[f"{part}_samples"] = [round(v * 1e3, 2) for v in self.samples[part]]

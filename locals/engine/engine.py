@@ -300,7 +300,7 @@ class Engine:
         """Queue the next forward pass, read `step`, then sample the pass with the masks its
         tokens give: the device runs the pass while Python reads and masks. A row whose draw
         in `step` will be taken back sits this step out (what it was fed is dropped)."""
-        held = {v.seq.id for v in step.samplers if v.ahead_key is not None and not v.seq.runs_free}
+        held = {v.seq.id for v in step.samplers if v.taken_back}
         slots = self.scheduler.next_step([s for s in self._active if s.id not in held])
         try:
             begun = self.runner.begin(slots, queue=True) if slots else None

@@ -82,8 +82,13 @@ class Sequence:
         """Whether the constraint lets any token come next (free text before a tool call) and
         nothing is queued to feed: a token sampled ahead unmasked is then valid, unless the
         token before it ends the free text (`take_back` undoes it)."""
+        return not self.pending and self.in_free_text
+
+    @property
+    def in_free_text(self) -> bool:
+        """Whether the constraint lets any token come next (free text before a tool call)."""
         unmasked = getattr(self.constraint, "unmasked", None)
-        return not self.pending and unmasked is not None and unmasked()
+        return unmasked is not None and unmasked()
 
     def take_back(self, key) -> None:
         """Drop a token sampled ahead that needed a mask after all (the token before it started a
@@ -177,8 +182,8 @@ class Sequence:
         if c.is_complete():
             return self._finish_text(self._complete_reason())
         forced = c.forced_tokens()
-        free = getattr(c, "unmasked", None)  # free text before a call counts as no run
-        self.sampled_since_forced = 0 if forced or (free is not None and free()) else self.sampled_since_forced + 1
+        # Free text before a call is not a masked run.
+        self.sampled_since_forced = 0 if forced or self.in_free_text else self.sampled_since_forced + 1
         for token in forced:
             if self._room_left_for_closing():
                 return

@@ -34,6 +34,11 @@ class Verify:
     # runs free): the PRNG key it used, to restore if the draw is taken back.
     ahead_key: object = None
 
+    @property
+    def taken_back(self) -> bool:
+        """Drawn ahead, unmasked, but the token before it ended the free text: drawn again."""
+        return self.ahead_key is not None and not self.seq.runs_free
+
 
 @dataclass
 class Begun:
@@ -264,7 +269,7 @@ class StepRunner:
                 continue
             was_first = seq.first_token_at is None
             try:
-                if v.ahead_key is not None and not seq.runs_free:
+                if v.taken_back:
                     seq.take_back(v.ahead_key)  # its previous token started a call: sample again, masked
                     step.taken_back += 1
                     continue
