@@ -98,6 +98,23 @@ def test_timing_rotates_through_weight_copies_that_span_the_cold_size():
     assert seen == [id(c[0]) for c in copies] * 2
     assert outs[0].shape == (3, 64)
     assert mx.allclose(outs[0], quantized_matmul(x, w, scales, biases, 64, 4)).item()
+    assert all(mx.allclose(o, quantized_matmul(x, *c, 64, 4)).item() for o, c in zip(outs, copies * 2))
+
+
+def test_timed_calls_wait_for_the_one_before():
+    # Each call's input is x, but made from the previous call's output, so the device cannot
+    # run two calls side by side: a NaN out of one call reaches the next one's input.
+    x, copies = cold_problems(2, 64, 128, 4, 64, mx.float32, cold_bytes=1)
+    inputs = []
+
+    def fn(x_, w_, s_, b_, g, bits):
+        inputs.append(x_)
+        return mx.full((2, 64), mx.nan) if len(inputs) == 2 else quantized_matmul(x_, w_, s_, b_, g, bits)
+    call = rotating(fn, x, copies, 64, 4)
+    call(), call()
+    third = call()
+    assert inputs[0] is x and mx.array_equal(inputs[1], x).item()
+    assert mx.isnan(inputs[2]).all().item() and mx.isnan(third).all().item()
 
 
 def test_verifier_passes_a_correct_candidate_on_odd_shapes():
@@ -162,9 +179,9 @@ def test_tune_pauses_and_resumes():
     assert table.complete and set(table.choices[problem.key]) == {"1", "2", "3"}
 
 
-def test_tuning_rows_skip_what_mlx_wins_on_cuda():
-    assert qmm.tuning_rows("cuda") == list(range(1, 8))
-    assert qmm.tuning_rows("metal") == qmm.tuning_rows("cpu") == list(range(1, 17))
+def test_tuning_rows_cover_every_row_count_the_kernels_take():
+    assert qmm.tuning_rows("metal") == qmm.tuning_rows("cpu") == list(range(1, qmm.MAX_ROWS + 1))
+    assert qmm.tuning_rows("cuda") == list(range(2, qmm.MAX_ROWS + 1))  # one row: MLX's own kernel
 
 
 def test_ctrl_c_or_sigterm_stops_tuning_at_a_pause_point():
@@ -258,7 +275,9 @@ def test_model_problems_lists_distinct_layer_shapes():
 def test_cpu_has_no_device_kernels_and_metal_source_is_distinct():
     assert qmm.candidates("cpu") == []
     names = {k.name for k in qmm.candidates("cuda")} | {k.name for k in qmm.candidates("metal")}
-    assert len(names) == 13 and sum(k.staged for k in qmm.candidates("cuda")) == 3
+    cuda = qmm.candidates("cuda")
+    assert len(names) == 17 and sum(k.staged for k in cuda) == 3 and sum(k.split for k in cuda) == 4
+    assert {k.variant for k in cuda} == set(qmm.CUDA_VARIANTS) and len({k.name for k in cuda}) == len(cuda)
     assert qmm.CUDA_TAG != qmm.METAL_TAG
     assert [qmm.row_bucket(m) for m in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
 

@@ -79,7 +79,7 @@ def tune(
     group_size: int = typer.Option(64, "--group-size", help="Quantization group size for --shape."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype for --shape."),
     rows: Optional[str] = typer.Option(None, "--rows",
-                                       help="Batch rows to tune, e.g. 1-16 (default: 1-7 on CUDA, 1-16 elsewhere)."),
+                                       help="Batch rows to tune, e.g. 1-16 (default: 2-16 on CUDA, 1-16 elsewhere)."),
     rounds: int = typer.Option(7, "--rounds", help="Interleaved timing rounds per choice."),
     fresh: bool = typer.Option(False, "--fresh", help="Forget earlier results for this chip first."),
     report: bool = typer.Option(False, "--report", help="Only show what is stored for this chip."),

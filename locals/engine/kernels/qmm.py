@@ -4,8 +4,10 @@
 first, one scale and bias per `group_size` values). One warp (CUDA) or simdgroup (Metal)
 owns R output columns; its lanes walk K one packed word at a time, unpack the word once
 and apply it to all M rows, so the weights cross the memory bus once per call whatever
-M is. The CUDA and Metal sources are the same algorithm; neither is used before it has
-verified itself on the device (see verify.py and tuning.py).
+M is. On CUDA two variants share the algorithm: staged (a block's warps read x from shared
+memory) and split (a block's warps split K for the same columns). The CUDA and Metal
+sources are the same algorithm; neither is used before it has verified itself on the
+device (see verify.py and tuning.py).
 """
 
 from __future__ import annotations
@@ -208,6 +210,106 @@ CUDA_STAGED_SOURCE = r"""
   }
 """
 
+# The split-K variant: a block's warps share R output columns and each walks its own slice
+# of K, their sums meeting in shared memory. For N = 2560 outputs the one-warp-per-column
+# kernels run 1280 warps that each walk all of K (38 dependent loads for K = 9728); inside
+# a model's 8-row step they averaged 32 us a call, ~160 GB/s
+# (step_kernels-gpu-20261130-083540.json). Splitting K gives the SMs S times the warps,
+# each with S times fewer loads in a row.
+CUDA_SPLIT_SOURCE = r"""
+  constexpr int VPW = 32 / BITS;
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  constexpr int WPG = GS / VPW;
+  constexpr int S = NT / 32;  // warps per block, each over its own slice of K
+  __shared__ float part[S][R][MB];
+  const int M = x_shape[0];
+  const int N = w_shape[0];
+  const int KW = w_shape[1];
+  const int K = KW * VPW;
+  const int G = K / GS;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int n0 = blockIdx.x * R;
+  if (n0 >= N) {
+    return;  // the whole block: no barrier is left waiting
+  }
+  float acc[R][MB];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      acc[r][m] = 0.0f;
+    }
+  }
+#pragma unroll 2
+  for (int wi = warp * 32 + lane; wi < KW; wi += NT) {
+    float q[R][VPW];
+    float s[R];
+    float b[R];
+    const int g = wi / WPG;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int n = min(n0 + r, N - 1);
+      const uint32_t word = w[size_t(n) * KW + wi];
+      s[r] = static_cast<float>(scales[size_t(n) * G + g]);
+      b[r] = static_cast<float>(biases[size_t(n) * G + g]);
+#pragma unroll
+      for (int j = 0; j < VPW; ++j) {
+        q[r][j] = static_cast<float>((word >> (BITS * j)) & MASK);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      if (m < M) {
+        const auto xw = load_vector<VPW>(x + size_t(m) * K, wi);
+        float xv[VPW];
+        float xsum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < VPW; ++j) {
+          xv[j] = static_cast<float>(xw[j]);
+          xsum += xv[j];
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int j = 0; j < VPW; ++j) {
+            dot = fmaf(q[r][j], xv[j], dot);
+          }
+          acc[r][m] += s[r] * dot + b[r] * xsum;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      float v = acc[r][m];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+      }
+      if (lane == 0) {
+        part[warp][r][m] = v;
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < R * MB; i += NT) {
+    const int r = i / MB;
+    const int m = i - r * MB;
+    if (m < M && n0 + r < N) {
+      float v = 0.0f;
+#pragma unroll
+      for (int k = 0; k < S; ++k) {
+        v += part[k][r][m];
+      }
+      out[size_t(m) * N + n0 + r] = static_cast<T>(v);
+    }
+  }
+"""
+
 METAL_SOURCE = r"""
   constexpr int VPW = 32 / BITS;
   constexpr uint MASK = (1u << BITS) - 1u;
@@ -276,32 +378,32 @@ def _source_tag(*parts: str) -> str:
     return hashlib.sha1("".join(parts).encode()).hexdigest()[:10]
 
 
-CUDA_TAG = _source_tag(CUDA_SOURCE, CUDA_STAGED_SOURCE)
+CUDA_TAG = _source_tag(CUDA_SOURCE, CUDA_STAGED_SOURCE, CUDA_SPLIT_SOURCE)
 METAL_TAG = _source_tag(METAL_SOURCE)
-_KERNELS: dict[tuple[str, bool], object] = {}
+CUDA_VARIANTS = {"qmv": CUDA_SOURCE, "qmvs": CUDA_STAGED_SOURCE, "qmvk": CUDA_SPLIT_SOURCE}
+_KERNELS: dict[tuple[str, str], object] = {}
 
 
-def _kernel(backend: str, staged: bool):
-    """The JIT kernel object for a backend and variant, built once per process."""
-    if (backend, staged) not in _KERNELS:
+def _kernel(backend: str, variant: str):
+    """The JIT kernel object for a backend and variant (qmv, qmvs, qmvk), built once per process."""
+    if (backend, variant) not in _KERNELS:
         names = dict(input_names=["x", "w", "scales", "biases"], output_names=["out"])
-        if backend == "cuda":
-            source, prefix = (CUDA_STAGED_SOURCE, "qmvs") if staged else (CUDA_SOURCE, "qmv")
-            kernel = mx.fast.cuda_kernel(name=f"locals_{prefix}_{CUDA_TAG}", source=source, **names)
-        elif backend == "metal" and not staged:
+        if backend == "cuda" and variant in CUDA_VARIANTS:
+            kernel = mx.fast.cuda_kernel(name=f"locals_{variant}_{CUDA_TAG}", source=CUDA_VARIANTS[variant], **names)
+        elif backend == "metal" and variant == "qmv":
             kernel = mx.fast.metal_kernel(name=f"locals_qmv_{METAL_TAG}", source=METAL_SOURCE, **names)
         else:
-            raise ValueError(f"no such quantized-matmul kernel for the {backend} backend")
-        _KERNELS[(backend, staged)] = kernel
-    return _KERNELS[(backend, staged)]
+            raise ValueError(f"no {variant} quantized-matmul kernel for the {backend} backend")
+        _KERNELS[(backend, variant)] = kernel
+    return _KERNELS[(backend, variant)]
 
 
 def tuning_rows(backend: str) -> list[int]:
-    """Row counts worth tuning on `backend`. On CUDA 1-7: from 8 rows MLX switches to its
-    matrix kernel, which beat every candidate in every H200 case, with the weights in cache
-    (kernels-gpu-20261129-141642.json, 2-4x) and read from memory (its 8-16-row cost is its
-    1-row cost, tuning_table-gpu-20261130-053213.json), so rows 8-16 only cost compiles."""
-    return list(range(1, 8)) if backend == "cuda" else list(range(1, MAX_ROWS + 1))
+    """Row counts worth tuning on `backend`. On CUDA 2..MAX_ROWS: for one row MLX's vector
+    kernel stays. Inside an H200 model step our 1-row kernel took 29 us a call on a 12.5 MB
+    weight, while MLX's 1-row calls averaged 12 us (step_kernels-gpu-20261130-081928.json),
+    yet timed in a chain the two were within 3% (host-bound: about 43 us each)."""
+    return list(range(2 if backend == "cuda" else 1, MAX_ROWS + 1))
 
 
 def row_bucket(rows: int) -> int:
@@ -311,16 +413,22 @@ def row_bucket(rows: int) -> int:
 
 @dataclass(frozen=True)
 class QmvKernel:
-    """One launch configuration: R output columns per warp, T threads a block, x staged or not."""
+    """One launch configuration: R output columns per warp (per block when split), T threads
+    a block, x staged in shared memory or not, K split across a block's warps or not."""
 
     backend: str  # "cuda" | "metal"
     cols_per_warp: int
     threads: int
     staged: bool = False
+    split: bool = False
+
+    @property
+    def variant(self) -> str:
+        return "qmvk" if self.split else ("qmvs" if self.staged else "qmv")
 
     @property
     def name(self) -> str:
-        return f"{self.backend}-{'qmvs' if self.staged else 'qmv'}-r{self.cols_per_warp}-t{self.threads}"
+        return f"{self.backend}-{self.variant}-r{self.cols_per_warp}-t{self.threads}"
 
     def supports(self, rows: int, bits: int, group_size: int, dtype, scales_dtype) -> bool:
         """Whether this kernel computes the given problem (otherwise MLX's op is used)."""
@@ -333,15 +441,17 @@ class QmvKernel:
         rows = math.prod(lead)
         n = w.shape[0]
         x2 = x.reshape(rows, k)
-        warps = -(-n // self.cols_per_warp)
-        out = _kernel(self.backend, self.staged)(
-            inputs=[x2, w, scales, biases],
-            template=[("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
-                      ("BITS", bits), ("GS", group_size)],
-            grid=(warps * 32, 1, 1),
-            threadgroup=(self.threads, 1, 1),
-            output_shapes=[(rows, n)],
-            output_dtypes=[x.dtype],
+        template = [("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
+                    ("BITS", bits), ("GS", group_size)]
+        if self.split:  # one block per R columns
+            template.append(("NT", self.threads))
+            grid = -(-n // self.cols_per_warp) * self.threads
+        else:  # one warp per R columns
+            grid = -(-n // self.cols_per_warp) * 32
+        out = _kernel(self.backend, self.variant)(
+            inputs=[x2, w, scales, biases], template=template,
+            grid=(grid, 1, 1), threadgroup=(self.threads, 1, 1),
+            output_shapes=[(rows, n)], output_dtypes=[x.dtype],
         )[0]
         return out.reshape(*lead, n)
 
@@ -358,4 +468,5 @@ def candidates(backend: str) -> list[QmvKernel]:
     # 512 threads asked for more registers than a launch may have: both left out.
     plain = [QmvKernel(backend, r, t) for r in (2, 4) for t in (128, 256)]
     staged = [QmvKernel(backend, 2, t, staged=True) for t in (256, 512)] + [QmvKernel(backend, 4, 256, staged=True)]
-    return plain + staged
+    split = [QmvKernel(backend, r, t, split=True) for r in (2, 4) for t in (128, 256)]
+    return plain + staged + split

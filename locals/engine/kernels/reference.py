@@ -100,9 +100,30 @@ def cold_problems(rows: int, n: int, k: int, bits: int, group_size: int, dtype,
 
 
 def rotating(fn, x: mx.array, copies: list, group_size: int, bits: int):
-    """A zero-argument call of `fn(x, w, scales, biases, group_size, bits)` on the next copy."""
+    """A zero-argument call of `fn(x, w, scales, biases, group_size, bits)` on the next copy,
+    whose input waits for the previous call's output: the calls run one after another on
+    the device, as a model's layers do. Independent calls may run side by side on CUDA (MLX
+    builds a graph of them), which flatters a kernel that fills few of the GPU's SMs: MLX's
+    8-row matrix kernel uses one block per 128 output columns (20 of the H200's 132 SMs for
+    N = 2560), and took 52 us a call inside a model's step (step_kernels-gpu-20261130-081928.json)
+    where side-by-side timing gave ~29 us (tuning_table-gpu-20261130-053213.json)."""
     turn = itertools.cycle(copies)
-    return lambda: fn(x, *next(turn), group_size, bits)
+    zero = mx.array(0, dtype=x.dtype)
+    last: list[mx.array] = []
+
+    def call() -> mx.array:
+        start = _link(x, last[0], zero) if last else x
+        out = fn(start, *next(turn), group_size, bits)
+        last[:] = [out]
+        return out
+    return call
+
+
+@mx.compile
+def _link(x: mx.array, previous: mx.array, zero: mx.array) -> mx.array:
+    # x itself, made to depend on `previous` (one small fused kernel; zero is an input, so
+    # nothing folds it away).
+    return x + previous[..., :1] * zero
 
 
 def _fresh_seed() -> int:

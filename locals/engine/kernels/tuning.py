@@ -121,9 +121,10 @@ def measure(fns: dict[str, Callable[[], mx.array]], rounds: int = 7, repeats: in
             pause: Callable[[], bool] | None = None) -> dict[str, list[float]] | None:
     """Seconds per call of each function: interleaved rounds, every sample kept.
 
-    Each sample evaluates `repeats` independent calls together, because timing only
-    the last of several lazy results would miss the others (each call on its own copy of
-    the weights, see `cold_problems`, when the functions rotate through copies). None
+    Each sample evaluates `repeats` calls together, because timing only the last of
+    several lazy results would miss the others; functions made by `rotating` take a new
+    copy of the weights each call (`cold_problems`) and chain the calls, so they run one
+    after another on the device as a model's layers do. None
     when `pause()` turned True between rounds (the samples are incomplete and dropped).
     """
     for fn in fns.values():
