@@ -69,6 +69,15 @@ def runners_for(args, engine, lookup, ours, theirs, ps) -> dict:
     return runners
 
 
+def tuning_choices() -> dict:
+    """The tuning table the engine ran with: (layer shape -> rows -> choice), {} if none;
+    two runs with different tables are different workloads for the kernels."""
+    from locals.engine.kernels.tuning import load_table
+
+    table = load_table()
+    return table.choices if table is not None else {}
+
+
 def main() -> None:
     args = parse_args()
 
@@ -90,7 +99,8 @@ def main() -> None:
         return write_results("batch_decode", {"model": label, "tokens": args.tokens, "prompt_len": args.prompt_len,
                                               "length_spread": args.length_spread,
                                               "rounds": args.rounds, "rows": rows, "argv": sys.argv[1:],
-                                              "tuned_layers": engine.patched_layers}, path)
+                                              "tuned_layers": engine.patched_layers,
+                                              "tuning_choices": tuning_choices()}, path)
 
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
