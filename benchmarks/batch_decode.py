@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import interleaved, load_pair, no_eos, prompts, summary, write_results  # noqa: E402
+from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.bench import run_locals, run_mlx_lm  # noqa: E402
 
 
@@ -80,6 +81,8 @@ def tuning_choices() -> dict:
 
 def main() -> None:
     args = parse_args()
+    if needs_fast_blas_reexec():
+        reexec_with_fast_blas()  # the CPU numbers assume OpenBLAS, like the CLI
 
     from locals.engine.engine import Engine
     from locals.engine.settings import EngineConfig

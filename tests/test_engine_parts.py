@@ -177,6 +177,40 @@ def test_decode_batch_forward_matches_plain_model(tiny_llama, compile_layers):
     assert batch.members == [] and batch.keys == [] and batch.nbytes == 0
 
 
+@pytest.mark.parametrize("compile_layers", [False, True], ids=["plain", "compiled"])
+def test_batch_rows_with_several_tokens_attend_in_one_call_per_layer(tiny_llama, compile_layers, monkeypatch):
+    # Forced tokens and drafts: resident rows bring 3, 1 and 4 tokens in one pass, out of
+    # slot order, each asking for logits at every one of its tokens; every logit matches
+    # the plain model over the whole sequence, and attention is one call per layer.
+    model = tiny_llama.model
+    n_layers = len(model.layers)
+    batch = DecodeBatch(n_layers)
+    seqs = [list(range(20, 20 + n)) for n in (6, 11, 4)]
+    kvs = [RowKV(n_layers, batch) for _ in seqs]
+    forward = functools.partial(forward_pass, compiled=CompiledBlocks() if compile_layers else None)
+    forward(model, [RowInput(mx.array(s[:-1]), len(s) - 1, kv, False) for s, kv in zip(seqs, kvs)])
+    forward(model, [RowInput(mx.array(s[-1:]), 1, kv, False) for s, kv in zip(seqs, kvs)])
+    assert all(kv.resident for kv in kvs)
+    new = {0: [50, 51, 52], 1: [53], 2: [54, 55, 56, 57]}
+    calls = []
+    sdpa = mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    order = [2, 0, 1]
+    out = forward(model, [RowInput(mx.array(new[i]), len(new[i]), kvs[i], True, logits=len(new[i])) for i in order])
+    assert len(calls) == n_layers
+    at = 0
+    for i in order:
+        seqs[i] += new[i]
+        plain = model(mx.array(seqs[i])[None])[0, -len(new[i]):]
+        assert mx.allclose(out[at : at + len(new[i])], plain, atol=1e-4)
+        at += len(new[i])
+    assert [kv.offset for kv in kvs] == [len(s) for s in seqs]
+    # The next decode step reads the chunks' keys/values back from the batch.
+    out = forward(model, [RowInput(mx.array([60]), 1, kv, True) for kv in kvs])
+    for i, s in enumerate(seqs):
+        assert mx.allclose(out[i], _plain_last_logits(model, s + [60]), atol=1e-4)
+
+
 def test_compiled_layers_are_traced_again_when_modules_or_kernel_mode_change(tiny_llama):
     from locals.engine.kernels import mlx_ops_only
     from locals.engine.kernels.registry import modules_swapped

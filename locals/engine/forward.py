@@ -1,9 +1,10 @@
 """One forward pass over a ragged batch: each row brings its own new tokens and its own KV.
 
 For llama/qwen-family models the rows' tokens are concatenated into one sequence, so
-projections and MLP read the weights once for all rows. Rows decoding one token attend in
-one call per layer over the shared `DecodeBatch`; prompt chunks and forced-token chunks
-attend per row. Other architectures fall back to one mlx-lm model call per row.
+projections and MLP read the weights once for all rows. Rows in the shared `DecodeBatch`
+(decoding one token, or several: forced tokens, drafts) attend in one call per layer
+(batch_plan.py); prompt chunks attend per row over their own caches. Other architectures
+fall back to one mlx-lm model call per row.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from locals.engine.batch_plan import BatchPlan
 from locals.engine.kernels.registry import bypassed, swap_count
 from locals.engine.kv import RowKV
 from locals.engine.rowfeed import RowOf, join_rows
@@ -52,56 +54,9 @@ def forward(model, rows: list[RowInput], compiled: CompiledBlocks | None = None)
     return _per_row(model, rows)
 
 
-class _DecodePlan:
-    """The rows that feed one token from a `DecodeBatch` slot this pass, and their indices.
-
-    Built once per pass (joining rows that just finished their prompt), shared by all layers.
-    """
-
-    def __init__(self, rows: list[RowInput]):
-        candidates = [r for r in rows if r.n == 1 and r.kv.batch is not None]
-        batch = candidates[0].kv.batch if candidates else None
-        self.rows: list[RowInput] = []
-        self.batch = batch
-        if batch is None:
-            return
-        for r in candidates:
-            # A row with no KV yet (a one-token prompt) reads it alone first and joins later;
-            # so does one too long for the batch's padding (it keeps its own caches).
-            if not r.kv.resident and r.kv.offset > 0 and batch.fits(r.kv.offset):
-                batch.join(r.kv)
-        self.rows = sorted((r for r in candidates if r.kv.resident), key=lambda r: r.kv.slot)
-        if not self.rows:
-            return
-        lengths = [r.kv.length for r in self.rows]
-        slots = [r.kv.slot for r in self.rows]
-        self.t = max(lengths) + 1
-        batch.reserve(len(batch.members), self.t)
-        # Every member decoding, in slot order (the usual case): plain slices, no gather.
-        self.slots = None if slots == list(range(len(batch.members))) else mx.array(slots)
-        # Index and mask are shaped on the host: constants add no ops to the step's graph.
-        at = np.asarray(lengths, dtype=np.int32)
-        heads = np.arange(batch.keys[0].shape[1], dtype=np.int32)[None, :, None]
-        self.index = (mx.array(np.asarray(slots, dtype=np.int32)[:, None, None]), mx.array(heads),
-                      mx.array(at[:, None, None]))
-        # Positions past each row's new token are padding; no mask when all lengths agree.
-        self.mask = None if len(set(lengths)) == 1 else (
-            mx.array((np.arange(self.t)[None] <= at[:, None])[:, None, None, :]))
-
-    def attend(self, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
-        """q (B, heads, 1, dim), k/v (B, kv_heads, 1, dim) of the plan's rows -> (B, heads, 1, dim)."""
-        self.batch.write(li, self.index, k, v)
-        keys, values = self.batch.view(li, self.t, self.slots)
-        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=self.mask)
-
-    def advance(self) -> None:
-        for r in self.rows:
-            r.kv.length += 1
-
-
 def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.array:
     inner = model.model
-    plan = _DecodePlan(rows)
+    plan = BatchPlan(rows)
     batched = {id(r) for r in plan.rows}
     # The batched decode rows go first so their tokens are one slice of the flat sequence.
     order = plan.rows + [r for r in rows if id(r) not in batched]
@@ -113,10 +68,7 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
         start += r.n
     # Each token's position in its own sequence, for one RoPE call over all rows.
     positions = mx.array(np.concatenate([np.arange(r.kv.offset, r.kv.offset + r.n) for r in order]))
-    others = order[len(plan.rows):]
-    for r in others:
-        if r.kv.resident:  # forced tokens of a decoding row: room for the whole chunk
-            r.kv.batch.reserve(len(r.kv.batch.members), r.kv.length + r.n)
+    others = order[len(plan.rows):]  # prompt chunks on their own caches
     layers = inner.layers
     seams = compiled.seams(layers) if compiled is not None and start <= COMPILE_MAX_TOKENS else None
     if seams is None:
@@ -132,9 +84,6 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
             else:
                 h = seams[-1](h, o)
     plan.advance()
-    for r in others:
-        if r.kv.resident:
-            r.kv.length += r.n
     last = [i for r in rows if r.sample
             for i in range(spans[id(r)][0] + r.n - r.logits, spans[id(r)][0] + r.n)]
     if not last:
@@ -167,12 +116,12 @@ def _finish(layer, h: mx.array, o: mx.array) -> mx.array:
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
-def _attend(attn, q: mx.array, k: mx.array, v: mx.array, plan: _DecodePlan, others: list[RowInput], spans,
+def _attend(attn, q: mx.array, k: mx.array, v: mx.array, plan: BatchPlan, others: list[RowInput], spans,
             li: int) -> mx.array:
     """Each row's queries against its own KV (writing the new keys/values first): (T, heads, 1, dim)."""
     outs = []
-    b = len(plan.rows)
-    if b == q.shape[0]:  # a pure decode step: no slicing
+    b = plan.tokens
+    if b == q.shape[0]:  # only the batch's rows: no slicing
         return plan.attend(li, q, k, v, attn.scale)
     if b:
         outs.append(plan.attend(li, q[:b], k[:b], v[:b], attn.scale))
@@ -183,15 +132,11 @@ def _attend(attn, q: mx.array, k: mx.array, v: mx.array, plan: _DecodePlan, othe
 
 
 def _row_attention(kv: RowKV, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
-    """One row's n new tokens against its own KV: a prompt chunk, or forced tokens of a decoding row.
+    """One row's n new tokens (a prompt chunk) against its own caches.
     q/k/v (n, heads, 1, dim) in, (n, heads, 1, dim) out."""
     n = q.shape[0]
     k, v = k.transpose(2, 1, 0, 3), v.transpose(2, 1, 0, 3)
-    if kv.resident:
-        kv.batch.write_chunk(li, kv.slot, kv.length, k, v)
-        keys, values = kv.batch.row_kv(li, kv.slot, kv.length + n)
-    else:
-        keys, values = kv.layers[li].update_and_fetch(k, v)
+    keys, values = kv.layers[li].update_and_fetch(k, v)
     # "causal" aligns the queries to the end of the keys, i.e. after the cached prefix.
     o = mx.fast.scaled_dot_product_attention(
         q.transpose(2, 1, 0, 3), keys, values, scale=scale, mask="causal" if n > 1 else None,

@@ -186,7 +186,8 @@ class DecodeBatch:
         self.rows_cap, self.t_cap = rows, t
 
     def write(self, li: int, index: tuple, k: mx.array, v: mx.array) -> None:
-        """Scatter one new token per row: `index` = (slots, heads, positions) broadcastable arrays."""
+        """Scatter new tokens: `index` = (slots, heads, positions) broadcastable arrays, one
+        entry per token (a row may bring several)."""
         self.keys[li][index] = k
         self.values[li][index] = v
 
@@ -197,12 +198,6 @@ class DecodeBatch:
             m = len(self.members)
             return k[:m, :, :t], v[:m, :, :t]
         return k[slots, :, :t], v[slots, :, :t]
-
-    def write_chunk(self, li: int, slot: int, start: int, k: mx.array, v: mx.array) -> None:
-        """Write `n` new positions of one row (forced-token chunks), k/v (1, kv_heads, n, dim)."""
-        n = k.shape[2]
-        self.keys[li][slot : slot + 1, :, start : start + n, :] = k
-        self.values[li][slot : slot + 1, :, start : start + n, :] = v
 
     def row_kv(self, li: int, slot: int, n: int) -> LayerKV:
         return self.keys[li][slot : slot + 1, :, :n, :], self.values[li][slot : slot + 1, :, :n, :]

@@ -1,0 +1,89 @@
+"""The rows of one forward pass whose KV sits in the shared `DecodeBatch`, attended together.
+
+Such a row brings one token (a decode step) or several (forced tokens after a constrained
+draw, a draft to verify). All of them write their keys/values with one scatter and attend
+in one call per layer: a pure decode step passes the queries as (rows, heads, 1, dim);
+when some row brings several tokens, the queries are padded to the longest row's count
+and masked causally. Rows reading a prompt keep their own caches (see forward.py).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+
+class BatchPlan:
+    """Indices and mask for the batch's rows in this pass, built once and shared by all layers.
+
+    `rows` are in slot order, their tokens contiguous in that order at the front of the
+    pass's flat sequence (`tokens` of them). Rows that just finished their prompt join the
+    batch here.
+    """
+
+    def __init__(self, rows: list):
+        candidates = [r for r in rows if r.kv.batch is not None and (r.n == 1 or r.kv.resident)]
+        self.batch = candidates[0].kv.batch if candidates else None
+        self.rows: list = []
+        self.tokens = 0
+        if self.batch is None:
+            return
+        for r in candidates:
+            # A row with no KV yet (a one-token prompt) reads it alone first and joins later;
+            # so does one too long for the batch's padding (it keeps its own caches).
+            if not r.kv.resident and r.kv.offset > 0 and self.batch.fits(r.kv.offset):
+                self.batch.join(r.kv)
+        self.rows = sorted((r for r in candidates if r.kv.resident), key=lambda r: r.kv.slot)
+        if self.rows:
+            self._shape()
+
+    def _shape(self) -> None:
+        # Indices and masks are built on the host: constants add no ops to the step's graph.
+        batch = self.batch
+        lengths = np.asarray([r.kv.length for r in self.rows], dtype=np.int32)
+        counts = np.asarray([r.n for r in self.rows], dtype=np.int32)
+        slots = [r.kv.slot for r in self.rows]
+        self.tokens = int(counts.sum())
+        self.t = int((lengths + counts).max())
+        batch.reserve(len(batch.members), self.t)
+        # Every member in the pass, in slot order (the usual case): plain slices, no gather.
+        self.slots = None if slots == list(range(len(batch.members))) else mx.array(slots)
+        # One scatter entry per new token: its row's slot and its position.
+        heads = np.arange(batch.keys[0].shape[1], dtype=np.int32)[None, :, None]
+        positions = np.concatenate([np.arange(a, a + n) for a, n in zip(lengths, counts)]).astype(np.int32)
+        self.index = (mx.array(np.repeat(np.asarray(slots, np.int32), counts)[:, None, None]), mx.array(heads),
+                      mx.array(positions[:, None, None]))
+        self.width = int(counts.max())
+        if self.width == 1:
+            self.gather = self.scatter = None
+            # Positions past each row's new token are padding; no mask when all lengths agree.
+            self.mask = None if len(set(lengths.tolist())) == 1 else (
+                mx.array((np.arange(self.t)[None] <= lengths[:, None])[:, None, None, :]))
+            return
+        # Query j of row i is the row's token min(j, n_i - 1): padding repeats the last one
+        # (its output is dropped), so no query row is fully masked.
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        last = np.minimum(np.arange(self.width)[None], counts[:, None] - 1)
+        self.gather = mx.array((starts[:, None] + last).reshape(-1).astype(np.int32))
+        self.scatter = mx.array(np.concatenate(
+            [i * self.width + np.arange(n) for i, n in enumerate(counts)]).astype(np.int32))
+        seen = lengths[:, None] + last  # the last position each query may attend to
+        self.mask = mx.array((np.arange(self.t)[None, None] <= seen[:, :, None])[:, None])
+
+    def attend(self, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+        """q (P, heads, 1, dim), k/v (P, kv_heads, 1, dim) of the plan's P tokens in order ->
+        (P, heads, 1, dim)."""
+        self.batch.write(li, self.index, k, v)
+        keys, values = self.batch.view(li, self.t, self.slots)
+        if self.gather is None:
+            return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=self.mask)
+        rows, heads, dim = len(self.rows), q.shape[1], q.shape[3]
+        padded = q[self.gather].reshape(rows, self.width, heads, dim).transpose(0, 2, 1, 3)
+        o = mx.fast.scaled_dot_product_attention(padded, keys, values, scale=scale, mask=self.mask)
+        o = o.transpose(0, 2, 1, 3).reshape(rows * self.width, heads, dim)[self.scatter]
+        return o[:, :, None, :]
+
+    def advance(self) -> None:
+        """Count the pass's tokens into each row's length (after the last layer wrote them)."""
+        for r in self.rows:
+            r.kv.length += r.n
