@@ -12,6 +12,9 @@
 #   donation    kv_donation: does a K/V write copy the cache while the step before still runs?
 #   parts       step_parts B = 1,4,8: each part of a step in MLX itself (matmuls on mlx-lm's
 #               (B, 1, hidden) input and on the engine's flat one, attention, lm_head, ...)
+#   kernels     step_kernels B = 1,8: the GPU kernels of an engine step and their device time,
+#               under Nsight Compute (ncu on PATH, or NCU=/path/to/ncu)
+#   mixed       mixed_pass: what forced chunks and drafts add to a B = 8 decode pass
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
 #   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
 # MODEL: qwen3-4b (default) on a GPU; qwen3-tiny tries the script out on a CPU.
@@ -45,6 +48,9 @@ for part in ${parts//,/ }; do
     donation) timeout 120 python3 benchmarks/kv_donation.py --tokens 8192 --steps 20 --work 8192 ;;
     profile) timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/step_profile.py --random-model "$model" \
       --batches 1,4,8,32 --tokens 32 --variants locals ;;
+    kernels) timeout "${KERNELS_TIMEOUT:-300}" python3 benchmarks/step_kernels.py --random-model "$model" \
+      --batches 1,8 --steps 4 --ncu "${NCU:-ncu}" --timeout 130 ;;
+    mixed) timeout 120 python3 benchmarks/mixed_pass.py --random-model "$model" --rounds 15 ;;
     long) timeout "${LONG_TIMEOUT:-200}" python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2 ;;
     constraint) timeout "${CONSTRAINT_TIMEOUT:-300}" python3 benchmarks/constraint.py --steps 48 --steps-only \
       --engine-tokens 400 --rounds 3 ;;

@@ -58,7 +58,7 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
     inner = model.model
     plan = BatchPlan(rows)
     batched = {id(r) for r in plan.rows}
-    # The batched decode rows go first so their tokens are one slice of the flat sequence.
+    # The batch's rows go first so their tokens are one slice of the flat sequence.
     order = plan.rows + [r for r in rows if id(r) not in batched]
     tokens = join_rows([r.tokens for r in order])  # last step's tokens in order: that array itself
     h = inner.embed_tokens(tokens)  # (T, D): one flat sequence of every row's new tokens
