@@ -69,6 +69,9 @@ def test_ctrl_c_in_a_real_process_cleans_up(tmp_path, locals_home):
             [sys.executable, "-c", "from locals.cli import main; main()", "run", TASK, "--dir", str(project),
              "--check", CHECK, "--server", url, "--agents", "2", "--parts", "1", "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ),
+            # As from a terminal: a shell running this suite in the background without job
+            # control (`cmd &` in a script) leaves SIGINT ignored, and children inherit that.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         deadline = time.monotonic() + 60
         while len(fake.requests) < 2 and time.monotonic() < deadline and proc.poll() is None:
@@ -76,11 +79,11 @@ def test_ctrl_c_in_a_real_process_cleans_up(tmp_path, locals_home):
         assert len(worktrees(project)) == 3
         proc.send_signal(signal.SIGINT)
         try:
-            _, err = proc.communicate(timeout=120)
+            _, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
-            raise AssertionError(f"the run did not stop within 120 s of Ctrl-C; its stderr:\n{err[-3000:]}") from None
+            raise AssertionError(f"the run did not stop within 60 s of Ctrl-C; its stderr:\n{err[-3000:]}") from None
     assert proc.returncode == 130, err
     assert "stopped" in err
     assert len(worktrees(project)) == 1
