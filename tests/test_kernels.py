@@ -47,13 +47,18 @@ def _raises(*_args):
     raise RuntimeError("kernel failed to compile")
 
 
-def _numpy_truth(x, w, scales, biases, group_size, bits):
-    """x @ dequantize(w).T from the packing rules alone: low bits first, one scale+bias a group."""
+def _numpy_dense(w, scales, biases, group_size, bits) -> np.ndarray:
+    """dequantize(w) from the packing rules alone: low bits first, one scale+bias a group."""
     packed = np.array(w).astype(np.uint64)
     values = np.stack([(packed >> (bits * j)) & ((1 << bits) - 1) for j in range(32 // bits)], -1)
     values = values.reshape(packed.shape[0], -1).astype(np.float64)
     per_value = lambda a: np.repeat(np.array(a.astype(mx.float32)), group_size, axis=1)  # noqa: E731
-    dense = values * per_value(scales) + per_value(biases)
+    return values * per_value(scales) + per_value(biases)
+
+
+def _numpy_truth(x, w, scales, biases, group_size, bits):
+    """x @ dequantize(w).T in float64."""
+    dense = _numpy_dense(w, scales, biases, group_size, bits)
     return (np.array(x.astype(mx.float32)).astype(np.float64) @ dense.T).astype(np.float32)
 
 
@@ -65,7 +70,12 @@ def test_quantized_matmul_reference_matches_dense_truth(bits, dtype):
     assert mx.allclose(dequantized_matmul(x, w, scales, biases, 64, bits), truth, atol=1e-5)
     got = quantized_matmul(x, w, scales, biases, 64, bits).astype(mx.float32)
     assert got.shape == (3, 33)
-    assert (mx.abs(got - truth).max() / mx.abs(truth).max()).item() < (1e-4 if dtype == mx.float32 else 5e-2)
+    # Rounding error scales with the sum of the terms' sizes, not with the result (which can
+    # cancel): over 600 fresh bfloat16 problems the worst ratio was 0.016, while a wrong
+    # packing rule is off by the order of the terms themselves.
+    magnitude = np.abs(np.array(x.astype(mx.float32))) @ np.abs(_numpy_dense(w, scales, biases, 64, bits)).T
+    error = np.abs(np.array(got) - np.array(truth)) / magnitude
+    assert error.max() < (1e-5 if dtype == mx.float32 else 4e-2)
 
 
 def test_padded_candidate_matches_and_only_serves_small_batches():
@@ -111,7 +121,8 @@ def test_timed_calls_wait_for_the_one_before():
         inputs.append(x_)
         return mx.full((2, 64), mx.nan) if len(inputs) == 2 else quantized_matmul(x_, w_, s_, b_, g, bits)
     call = rotating(fn, x, copies, 64, 4)
-    call(), call()
+    for _ in range(2):
+        call()
     third = call()
     assert inputs[0] is x and mx.array_equal(inputs[1], x).item()
     assert mx.isnan(inputs[2]).all().item() and mx.isnan(third).all().item()
