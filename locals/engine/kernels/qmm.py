@@ -26,31 +26,9 @@ SUPPORTED_BITS = (4, 8)
 SUPPORTED_GROUPS = (32, 64, 128)
 SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 
-CUDA_SOURCE = r"""
-  constexpr int VPW = 32 / BITS;   // values per packed word
-  constexpr uint32_t MASK = (1u << BITS) - 1u;
-  constexpr int WPG = GS / VPW;    // packed words per quantization group
-  const int M = x_shape[0];
-  const int N = w_shape[0];
-  const int KW = w_shape[1];
-  const int K = KW * VPW;
-  const int G = K / GS;
-  const int lane = threadIdx.x & 31;
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int n0 = warp * R;
-  if (n0 >= N) {
-    return;  // warp-uniform, so the shuffles below stay converged
-  }
-  float acc[R][MB];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int m = 0; m < MB; ++m) {
-      acc[r][m] = 0.0f;
-    }
-  }
-  for (int wi = lane; wi < KW; wi += 32) {
-    float q[R][VPW];
+# What the plain and split-K CUDA variants do with one packed word `wi` of their R
+# columns: unpack it once and apply it to all M rows.
+CUDA_WORD_STEP = r"""    float q[R][VPW];
     float s[R];
     float b[R];
     const int g = wi / WPG;
@@ -89,7 +67,33 @@ CUDA_SOURCE = r"""
         }
       }
     }
+"""
+
+CUDA_SOURCE = r"""
+  constexpr int VPW = 32 / BITS;   // values per packed word
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  constexpr int WPG = GS / VPW;    // packed words per quantization group
+  const int M = x_shape[0];
+  const int N = w_shape[0];
+  const int KW = w_shape[1];
+  const int K = KW * VPW;
+  const int G = K / GS;
+  const int lane = threadIdx.x & 31;
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int n0 = warp * R;
+  if (n0 >= N) {
+    return;  // warp-uniform, so the shuffles below stay converged
   }
+  float acc[R][MB];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      acc[r][m] = 0.0f;
+    }
+  }
+  for (int wi = lane; wi < KW; wi += 32) {
+""" + CUDA_WORD_STEP + r"""  }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -243,44 +247,7 @@ CUDA_SPLIT_SOURCE = r"""
   }
 #pragma unroll 2
   for (int wi = warp * 32 + lane; wi < KW; wi += NT) {
-    float q[R][VPW];
-    float s[R];
-    float b[R];
-    const int g = wi / WPG;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int n = min(n0 + r, N - 1);
-      const uint32_t word = w[size_t(n) * KW + wi];
-      s[r] = static_cast<float>(scales[size_t(n) * G + g]);
-      b[r] = static_cast<float>(biases[size_t(n) * G + g]);
-#pragma unroll
-      for (int j = 0; j < VPW; ++j) {
-        q[r][j] = static_cast<float>((word >> (BITS * j)) & MASK);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < MB; ++m) {
-      if (m < M) {
-        const auto xw = load_vector<VPW>(x + size_t(m) * K, wi);
-        float xv[VPW];
-        float xsum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < VPW; ++j) {
-          xv[j] = static_cast<float>(xw[j]);
-          xsum += xv[j];
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float dot = 0.0f;
-#pragma unroll
-          for (int j = 0; j < VPW; ++j) {
-            dot = fmaf(q[r][j], xv[j], dot);
-          }
-          acc[r][m] += s[r] * dot + b[r] * xsum;
-        }
-      }
-    }
-  }
+""" + CUDA_WORD_STEP + r"""  }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
 #pragma unroll
