@@ -48,11 +48,13 @@ class BatchPlan:
         batch.reserve(len(batch.members), self.t)
         # Every member in the pass, in slot order (the usual case): plain slices, no gather.
         self.slots = None if slots == list(range(len(batch.members))) else mx.array(slots)
-        # One scatter entry per new token: its row's slot and its position.
+        # One scatter entry per new token: its row's slot and its position (the row's length
+        # plus the token's place among the row's new ones).
+        starts = np.cumsum(counts) - counts
+        within = np.arange(self.tokens, dtype=np.int32) - np.repeat(starts, counts)
         heads = np.arange(batch.keys[0].shape[1], dtype=np.int32)[None, :, None]
-        positions = np.concatenate([np.arange(a, a + n) for a, n in zip(lengths, counts)]).astype(np.int32)
         self.index = (mx.array(np.repeat(np.asarray(slots, np.int32), counts)[:, None, None]), mx.array(heads),
-                      mx.array(positions[:, None, None]))
+                      mx.array((np.repeat(lengths, counts) + within)[:, None, None]))
         self.width = int(counts.max())
         if self.width == 1:
             self.gather = self.scatter = None
@@ -62,11 +64,9 @@ class BatchPlan:
             return
         # Query j of row i is the row's token min(j, n_i - 1): padding repeats the last one
         # (its output is dropped), so no query row is fully masked.
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         last = np.minimum(np.arange(self.width)[None], counts[:, None] - 1)
         self.gather = mx.array((starts[:, None] + last).reshape(-1).astype(np.int32))
-        self.scatter = mx.array(np.concatenate(
-            [i * self.width + np.arange(n) for i, n in enumerate(counts)]).astype(np.int32))
+        self.scatter = mx.array((np.repeat(np.arange(len(counts)) * self.width, counts) + within).astype(np.int32))
         seen = lengths[:, None] + last  # the last position each query may attend to
         self.mask = mx.array((np.arange(self.t)[None, None] <= seen[:, :, None])[:, None])
 

@@ -79,9 +79,9 @@ class Sequence:
 
     @property
     def runs_free(self) -> bool:
-        """Whether the constraint lets any token come next (free text before a tool call) and
-        nothing is queued to feed: a token sampled ahead unmasked is then valid, unless the
-        token before it ends the free text (`take_back` undoes it)."""
+        """In free text (`in_free_text`) with nothing queued to feed: a token sampled ahead
+        unmasked is then valid, unless the token before it ends the free text (`take_back`
+        undoes it)."""
         return not self.pending and self.in_free_text
 
     @property
