@@ -4,6 +4,7 @@ locals' engine against mlx-lm's BatchGenerator, same prompts, interleaved rounds
     python benchmarks/batch_decode.py                      # CPU, embedded SmolLM2
     python benchmarks/batch_decode.py --random-model qwen3-4b --batches 1,2,4,8,16,32   # GPU
     python benchmarks/batch_decode.py --random-model qwen3-4b --batches 8,32 --length-spread 192   # rows of different lengths
+    python benchmarks/batch_decode.py --random-model qwen3-4b --unfused-baseline   # what joined q/k/v, gate/up add
 """
 
 from __future__ import annotations
@@ -50,12 +51,15 @@ def parse_args() -> argparse.Namespace:
                          "benchmark measures batching; random weights repeat themselves, which drafts exploit)")
     ap.add_argument("--untuned-baseline", action="store_true",
                     help="also run locals with MLX's own matmuls (no tuned kernels), when this chip is tuned")
+    ap.add_argument("--unfused-baseline", action="store_true",
+                    help="also run locals on a second copy of the model whose q/k/v and gate/up linears "
+                         "stay apart (EngineConfig.fuse_projections off)")
     ap.add_argument("--dense-baseline", action="store_true",
                     help="also run mlx-lm on locals' (dense) weights, to separate weights from scheduling")
     return ap.parse_args()
 
 
-def runners_for(args, engine, lookup, ours, theirs, ps) -> dict:
+def runners_for(args, engine, lookup, unfused, ours, theirs, ps) -> dict:
     """The variants timed at one batch size, by name."""
     runners = {
         "locals": lambda: run_locals(engine, ps, args.tokens),
@@ -63,6 +67,8 @@ def runners_for(args, engine, lookup, ours, theirs, ps) -> dict:
     }
     if args.untuned_baseline:
         runners["locals-untuned"] = lambda: untuned(engine, ps, args.tokens)
+    if unfused is not None:
+        runners["locals-unfused"] = lambda: run_locals(unfused, ps, args.tokens)
     if lookup is not None:
         runners["locals-lookup"] = lambda: run_locals(lookup, ps, args.tokens)
     if args.dense_baseline and args.random_model is None:
@@ -96,6 +102,11 @@ def main() -> None:
     if args.with_lookup:
         lookup = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256))
         lookup.start()
+    unfused = None
+    if args.unfused_baseline:  # the same weights again (random models are seeded), left as loaded
+        unfused = Engine(no_eos(load_pair(args.random_model)[0]),
+                         EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False, fuse_projections=False))
+        unfused.start()
     rows, path = [], None
 
     def save():
@@ -109,7 +120,7 @@ def main() -> None:
         for batch in [int(b) for b in args.batches.split(",")]:
             ps = ragged(prompts(ours.tokenizer, batch, args.prompt_len + args.length_spread, seed=batch),
                         args.prompt_len, args.length_spread)
-            res = interleaved(args.rounds, runners_for(args, engine, lookup, ours, theirs, ps))
+            res = interleaved(args.rounds, runners_for(args, engine, lookup, unfused, ours, theirs, ps))
             row = {"batch": batch}
             for name, runs in res.items():
                 row[name] = {"decode_tps": summary([r["decode_tps"] for r in runs]),
@@ -120,7 +131,7 @@ def main() -> None:
             print(f"B={batch:3d}  {line}", flush=True)
             path = save()  # after each batch size: a run cut short keeps what it measured
     finally:
-        for e in (engine, lookup):
+        for e in (engine, lookup, unfused):
             if e is not None:
                 e.stop()
     print(f"results: {path}")

@@ -3,9 +3,10 @@
 # to benchmarks/results/ and, when $OUT is set, are copied there after each part.
 #   bash benchmarks/device_run.sh [PARTS] [MODEL]
 # PARTS (comma-separated, in order; default tune,decode,long):
-#   tune        `locals tune` on MODEL's layer shapes, stopped after $TUNE_SECONDS (400) with
-#               what it measured saved, so the next parts run the tuned kernels
-#   decode      batch_decode B = 1..32, locals (tuned) vs locals untuned vs mlx-lm, 3 rounds
+#   tune        `locals tune` on MODEL's layer shapes, rows 8,16,4,2 then the rest, each stopped
+#               after $TUNE_SECONDS (240) with what it measured saved, so the next parts run tuned
+#   decode      batch_decode B = 1..32, locals (tuned) vs locals untuned vs locals with q/k/v and
+#               gate/up apart vs mlx-lm, 3 rounds
 #   ragged      batch_decode B = 8,32 with prompts of 64..256 tokens (rows at different lengths:
 #               attention with a mask, which MLX's CUDA vector kernel does not take)
 #   profile     step_profile B = 1,4,8,32 (phases of a decode step)
@@ -26,21 +27,24 @@ long=${LONG_TOKENS:-8192}
 python3 -c 'import mlx.core as mx; print("device:", mx.default_device(), mx.__version__)'
 save() { if [ -n "${OUT:-}" ]; then cp benchmarks/results/*.json "$OUT"/ 2>/dev/null; fi; }
 shapes() {
-  # The quantized layers of a random Qwen3 of this shape: q, k/v, o, gate/up, down.
+  # The quantized layers the engine runs for a random Qwen3 of this shape: joined q/k/v, o,
+  # joined gate/up, down (locals/engine/fuse.py).
   python3 - "$model" <<'PY'
 import sys
 from benchmarks.common import QWEN3_SHAPES
 s = QWEN3_SHAPES[sys.argv[1]]
 h, i, q, kv = s["hidden_size"], s["intermediate_size"], s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
-print(" ".join(f"--shape {n}x{k}" for n, k in sorted({(q, h), (kv, h), (h, q), (i, h), (h, i)})))
+print(" ".join(f"--shape {n}x{k}" for n, k in sorted({(q + 2 * kv, h), (h, q), (2 * i, h), (h, i)})))
 PY
 }
 for part in ${parts//,/ }; do
   echo "== $part"
   case $part in
-    tune) timeout -s TERM -k 30 "${TUNE_SECONDS:-400}" python3 -m locals tune $(shapes) --rounds 3 ;;
+    tune) # The row counts that matter most first, then the rest, each stopped with what it measured saved.
+      timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 8,16,4,2
+      timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 2-16 ;;
     decode) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
-      --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline ;;
+      --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline --unfused-baseline ;;
     ragged) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 8,32 --tokens 32 --prompt-len 64 --length-spread 192 --rounds 3 ;;
     parts) timeout "${PARTS_TIMEOUT:-240}" python3 benchmarks/step_parts.py --random-model "$model" \
@@ -49,7 +53,7 @@ for part in ${parts//,/ }; do
     profile) timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/step_profile.py --random-model "$model" \
       --batches 1,4,8,32 --tokens 32 --variants locals ;;
     kernels) timeout "${KERNELS_TIMEOUT:-300}" python3 benchmarks/step_kernels.py --random-model "$model" \
-      --batches 1,8 --steps 4 --ncu "${NCU:-ncu}" --timeout 130 ;;
+      --batches "${KERNEL_BATCHES:-1,8}" --steps 4 --ncu "${NCU:-ncu}" --timeout 130 ;;
     mixed) timeout 120 python3 benchmarks/mixed_pass.py --random-model "$model" --rounds 15 ;;
     long) timeout "${LONG_TIMEOUT:-200}" python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2 ;;
     constraint) timeout "${CONSTRAINT_TIMEOUT:-300}" python3 benchmarks/constraint.py --steps 48 --steps-only \

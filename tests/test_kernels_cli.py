@@ -47,3 +47,16 @@ def test_status_says_what_the_kernels_are_doing():
     assert kernels_line({"tuned_layers": 108, "tuning_left": 0}) == "108 layers use tuned kernels"
     assert kernels_line({"tuned_layers": 0, "tuning_left": 35}) == (
         "0 layers use tuned kernels; tuning while idle, 35 layer shape x row count pairs left")
+
+
+def test_rows_take_counts_and_ranges_in_the_order_given():
+    import pytest
+
+    from locals.cli.tune import _parse_rows
+    from locals.errors import LocalsError
+
+    assert _parse_rows("1-16") == list(range(1, 17))
+    assert _parse_rows("8,16,2-4,8") == [8, 16, 2, 3, 4]
+    for bad in ("0", "3-20", "8,,2", "x"):
+        with pytest.raises(LocalsError, match="within 1-16"):
+            _parse_rows(bad)

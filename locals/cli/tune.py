@@ -19,13 +19,17 @@ from locals.errors import LocalsError
 
 
 def _parse_rows(text: str) -> list[int]:
-    lo, sep, hi = text.partition("-")
-    try:
-        rows = list(range(int(lo), int(hi if sep else lo) + 1))
-    except ValueError:
-        rows = []
-    if not rows or rows[0] < 1 or rows[-1] > 16:
-        raise LocalsError(f"--rows {text!r}: give a count or a range within 1-16, e.g. 1-16 or 4")
+    """Row counts from "4", "1-16" or a comma-separated mix ("8,16,2-4"), in the order given."""
+    rows: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            span = list(range(int(lo), int(hi if sep else lo) + 1))
+        except ValueError:
+            span = []
+        if not span or span[0] < 1 or span[-1] > 16:
+            raise LocalsError(f"--rows {text!r}: give counts or ranges within 1-16, e.g. 1-16, 4 or 8,16,2-4")
+        rows += [m for m in span if m not in rows]
     return rows
 
 
@@ -79,12 +83,14 @@ def tune(
     group_size: int = typer.Option(64, "--group-size", help="Quantization group size for --shape."),
     dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype for --shape."),
     rows: Optional[str] = typer.Option(None, "--rows",
-                                       help="Batch rows to tune, e.g. 1-16 (default: 2-16 on CUDA, 1-16 elsewhere)."),
+                                       help="Batch rows to tune, in this order: e.g. 1-16 or 8,16,2-7 "
+                                            "(default: 2-16 on CUDA, 1-16 elsewhere)."),
     rounds: int = typer.Option(7, "--rounds", help="Interleaved timing rounds per choice."),
     fresh: bool = typer.Option(False, "--fresh", help="Forget earlier results for this chip first."),
     report: bool = typer.Option(False, "--report", help="Only show what is stored for this chip."),
 ) -> None:
     """Verify every candidate kernel on this chip, time it per layer shape and batch size, keep the fastest."""
+    from locals.engine.fuse import fuse_projections
     from locals.engine.kernels.tuning import load_table, model_problems, save_table
     from locals.engine.kernels.tuning import tune as run_tuning
 
@@ -101,7 +107,9 @@ def tune(
         problems = [_parse_shape(s, bits, group_size, dtype) for s in shape]
     else:
         prepare_model_process()
-        problems = model_problems(load_with_spinner(model).model)
+        loaded_model = load_with_spinner(model).model
+        fuse_projections(loaded_model)  # the engine serves (and so tunes) the joined linears
+        problems = model_problems(loaded_model)
         if not problems:
             console.print("This model has no quantized layers on this device (the CPU backend runs dense "
                           "weights), so there is nothing to tune: MLX's own ops are used.")

@@ -23,6 +23,7 @@ from locals.engine.backend import release_memory
 from locals.engine.admission import ADMIT, WAIT, Admission, KVBudgetAdmission
 from locals.engine.guards import GuardFactory, make_guards
 from locals.engine.forward import CompiledBlocks, supports_ragged
+from locals.engine.fuse import fuse_projections
 from locals.engine.kv import DecodeBatch, RowKV, kv_bytes_per_token
 from locals.engine.lookup import DraftPolicy
 from locals.engine.prefix_cache import MemoryPrefixCache, NoPrefixCache, PrefixCache
@@ -79,6 +80,8 @@ class Engine:
         self.loaded = loaded
         self.model = loaded.model
         self.config = config or EngineConfig()
+        # Before tuning: the tuned layers are the joined ones.
+        self.fused_groups = fuse_projections(self.model) if self.config.fuse_projections else 0
         self.patched_layers = _patch_kernels(loaded) if self.config.tuned_kernels else 0
         self.tokenizer = loaded.tokenizer
         self.kv_budget = self.config.resolved_kv_budget()

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.activations import swiglu
 
 from locals.engine.batch_plan import BatchPlan
+from locals.engine.fuse import split_sizes
 from locals.engine.kernels.registry import bypassed, swap_count
 from locals.engine.kv import RowKV
 from locals.engine.rowfeed import RowOf, join_rows
@@ -98,9 +100,13 @@ def _project(layer, h: mx.array, positions: mx.array) -> tuple[mx.array, mx.arra
     attn = layer.self_attn
     x = layer.input_layernorm(h)
     total = x.shape[0]
-    q = attn.q_proj(x).reshape(total, attn.n_heads, -1)
-    k = attn.k_proj(x).reshape(total, attn.n_kv_heads, -1)
-    v = attn.v_proj(x).reshape(total, attn.n_kv_heads, -1)
+    if "fused_qkv" in attn:  # one matmul for q, k and v (fuse.py)
+        q, k, v = mx.split(attn.fused_qkv(x), split_sizes(attn, "fused_qkv"), axis=-1)
+    else:
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    q = q.reshape(total, attn.n_heads, -1)
+    k = k.reshape(total, attn.n_kv_heads, -1)
+    v = v.reshape(total, attn.n_kv_heads, -1)
     if getattr(attn, "q_norm", None) is not None:
         q, k = attn.q_norm(q), attn.k_norm(k)
     # RoPE with one batch entry per token, each at its own offset.
@@ -113,7 +119,12 @@ def _finish(layer, h: mx.array, o: mx.array) -> mx.array:
     """The attention output projection and residual, then the MLP block and its residual;
     o (T, heads, 1, dim)."""
     h = h + layer.self_attn.o_proj(o.reshape(o.shape[0], -1))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
+    x = layer.post_attention_layernorm(h)
+    mlp = layer.mlp
+    if "fused_gate_up" in mlp:  # one matmul for gate and up (fuse.py)
+        gate, up = mx.split(mlp.fused_gate_up(x), 2, axis=-1)
+        return h + mlp.down_proj(swiglu(gate, up))
+    return h + mlp(x)
 
 
 def _attend(attn, q: mx.array, k: mx.array, v: mx.array, plan: BatchPlan, others: list[RowInput], spans,

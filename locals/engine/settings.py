@@ -45,6 +45,9 @@ class EngineConfig:
     # Route small-batch quantized matmuls to this chip's tuned kernels (and tune them while
     # idle on an untuned GPU); False keeps MLX's own ops everywhere.
     tuned_kernels: bool = True
+    # Join each layer's q/k/v and gate/up linears into one matmul each (fuse.py): three
+    # kernels fewer per layer. False leaves the model's modules as loaded.
+    fuse_projections: bool = True
 
     def resolved_kv_budget(self) -> int:
         """The KV budget in bytes, deriving the default from free memory now."""

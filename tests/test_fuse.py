@@ -1,0 +1,97 @@
+"""Joined q/k/v and gate/up linears: same outputs, each weight once, mlx-lm's forward intact."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm.models import qwen2, qwen3
+
+from locals.engine.forward import RowInput, forward
+from locals.engine.fuse import PartOf, fuse_projections
+from locals.engine.kernels.tuning import model_problems
+from locals.engine.kv import RowKV, kv_bytes_per_token
+
+
+def _qwen3(quantize: bool, seed: int = 3):
+    mx.random.seed(seed)
+    args = qwen3.ModelArgs(model_type="qwen3", hidden_size=128, num_hidden_layers=2, intermediate_size=192,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                           vocab_size=300, max_position_embeddings=512, rope_theta=10000.0,
+                           tie_word_embeddings=True)
+    model = qwen3.Model(args)
+    if quantize:
+        nn.quantize(model, group_size=64, bits=4)
+    mx.eval(model.parameters())
+    return model
+
+
+def _qwen2_with_biases(seed: int = 4):
+    mx.random.seed(seed)
+    args = qwen2.ModelArgs(model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=96,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=200,
+                           max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=True)
+    model = qwen2.Model(args)
+    # Random biases (they start at zero) so a wrongly joined bias would show.
+    for layer in model.model.layers:
+        for name in ("q_proj", "k_proj", "v_proj"):
+            proj = getattr(layer.self_attn, name)
+            proj.bias = mx.random.normal(proj.bias.shape)
+    mx.eval(model.parameters())
+    return model
+
+
+def _logits(model, tokens: list[int]) -> np.ndarray:
+    return np.array(model(mx.array([tokens])).astype(mx.float32))
+
+
+@pytest.mark.parametrize("build", [lambda: _qwen3(True), lambda: _qwen3(False), _qwen2_with_biases],
+                         ids=["qwen3-4bit", "qwen3-dense", "qwen2-biases"])
+def test_joined_model_computes_what_it_did_and_holds_each_weight_once(build):
+    model = build()
+    tokens = [5, 17, 42, 7, 99, 3]
+    before = _logits(model, tokens)
+    params_before = sum(v.size for _, v in tree_flatten(model.parameters()))
+    kv_before = kv_bytes_per_token(model)
+
+    assert fuse_projections(model) == 2 * len(model.model.layers)
+
+    # mlx-lm's own forward now runs through the PartOf views: the same numbers.
+    np.testing.assert_allclose(_logits(model, tokens), before, rtol=1e-5, atol=1e-5)
+    assert sum(v.size for _, v in tree_flatten(model.parameters())) == params_before
+    assert kv_bytes_per_token(model) == kv_before
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert isinstance(attn.q_proj, PartOf) and isinstance(mlp.up_proj, PartOf)
+    assert attn.fused_qkv.weight.shape[0] == sum(p.weight.shape[0] for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+    # Our ragged forward takes the joined matmuls and agrees with the plain model.
+    rows = [RowInput(tokens=mx.array(tokens, dtype=mx.int32), n=len(tokens), kv=RowKV(len(model.model.layers)), sample=True,
+                     logits=len(tokens))]
+    ours = np.array(forward(model, rows).astype(mx.float32))
+    np.testing.assert_allclose(ours, before[0], rtol=2e-4, atol=2e-4)
+    # Joining again changes nothing.
+    assert fuse_projections(model) == 0
+
+
+def test_tuning_sees_the_joined_shapes():
+    model = _qwen3(True)
+    before = {(p.n, p.k) for p in model_problems(model)}
+    fuse_projections(model)
+    after = {(p.n, p.k) for p in model_problems(model)}
+    assert before == {(128, 128), (64, 128), (192, 128), (128, 192)}
+    # q (128) + k (64) + v (64) rows, gate + up (2 * 192) rows; o and down stay as they were.
+    assert after == {(256, 128), (384, 128), (128, 128), (128, 192)}
+
+
+def test_parts_of_different_kinds_or_settings_stay_apart():
+    model = _qwen3(False)
+    attn = model.model.layers[0].self_attn
+    # One part quantized at 8 bits, the others at 4: no single op runs them all.
+    nn.quantize(model, group_size=64, bits=4)
+    attn.v_proj = nn.QuantizedLinear.from_linear(nn.Linear(128, 64, bias=False), group_size=64, bits=8)
+    mx.eval(model.parameters())
+    joined = fuse_projections(model)
+    assert "fused_qkv" not in attn and not isinstance(attn.q_proj, PartOf)
+    assert "fused_gate_up" in model.model.layers[0].mlp
+    assert joined == 2 * len(model.model.layers) - 1
