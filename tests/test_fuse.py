@@ -49,7 +49,10 @@ def _logits(model, tokens: list[int]) -> np.ndarray:
 
 @pytest.mark.parametrize("build", [lambda: _qwen3(True), lambda: _qwen3(False), _qwen2_with_biases],
                          ids=["qwen3-4bit", "qwen3-dense", "qwen2-biases"])
-def test_joined_model_computes_what_it_did_and_holds_each_weight_once(build):
+def test_joined_model_computes_what_it_did_and_holds_each_weight_once(build, monkeypatch):
+    from locals.engine import forward as fwd
+
+    monkeypatch.setattr(fwd, "JOINED_MAX_TOKENS", {"fused_qkv": 64, "fused_gate_up": 64})
     model = build()
     tokens = [5, 17, 42, 7, 99, 3]
     before = _logits(model, tokens)
@@ -95,3 +98,32 @@ def test_parts_of_different_kinds_or_settings_stay_apart():
     assert "fused_qkv" not in attn and not isinstance(attn.q_proj, PartOf)
     assert "fused_gate_up" in model.model.layers[0].mlp
     assert joined == 2 * len(model.model.layers) - 1
+
+
+def test_passes_longer_than_the_setting_run_the_parts(monkeypatch):
+    from locals.engine import forward as fwd
+
+    model = _qwen3(True)
+    fuse_projections(model)
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    calls = []
+    plain_call = nn.QuantizedLinear.__call__
+
+    def counting(self, x):
+        if self is attn.fused_qkv or self is mlp.fused_gate_up:
+            calls.append(x.shape[0])
+        return plain_call(self, x)
+
+    monkeypatch.setattr(nn.QuantizedLinear, "__call__", counting)
+    monkeypatch.setitem(fwd.JOINED_MAX_TOKENS, "fused_qkv", 3)
+    monkeypatch.setitem(fwd.JOINED_MAX_TOKENS, "fused_gate_up", 3)
+    expected = {}
+    for n in (3, 5):
+        tokens = list(range(7, 7 + n))
+        expected[n] = _logits(model, tokens)[0]
+        rows = [RowInput(tokens=mx.array(tokens, dtype=mx.int32), n=n, kv=RowKV(len(model.model.layers)),
+                         sample=True, logits=n)]
+        calls.clear()
+        out = np.array(forward(model, rows).astype(mx.float32))
+        np.testing.assert_allclose(out, expected[n], rtol=2e-4, atol=2e-4)
+        assert calls == ([n, n] if n <= 3 else [])  # layer 0's joined q/k/v and gate/up, or neither

@@ -188,6 +188,10 @@ def test_tune_pauses_and_resumes():
     table = tune([problem], rows=[1, 2, 3], candidates=[DequantizedCandidate()], table=table, rounds=1, repeats=1,
                  screen_shapes=SMALL_SHAPES)
     assert table.complete and set(table.choices[problem.key]) == {"1", "2", "3"}
+    # A later run for more rows that is stopped leaves the table marked incomplete.
+    table = tune([problem], rows=[4], candidates=[DequantizedCandidate()], table=table, rounds=1, repeats=1,
+                 pause=lambda: True, screen_shapes=SMALL_SHAPES)
+    assert not table.complete and "4" not in table.choices[problem.key]
 
 
 def test_tuning_rows_cover_every_row_count_the_kernels_take():

@@ -22,6 +22,14 @@ from locals.engine.kv import RowKV
 from locals.engine.rowfeed import RowOf, join_rows
 
 RAGGED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
+# Passes of at most this many tokens run a layer's joined matmuls (fuse.py); longer ones run
+# the parts, views of the same weights (benchmarks/joined_matmuls.py compares settings). On
+# the H200, random 4-bit Qwen3-4B, one engine, interleaved rounds: at B = 4 joined beat the
+# parts in every run (414 vs 312, 443 vs 345 tok/s); at B = 8 the parts beat joined in all
+# three (751 vs 719, 805 vs 743, 781 vs 729): with more rows the q/k/v outputs are strided
+# slices, and the step ran 6 more copy kernels a layer (ncu), while MLX already runs the
+# independent matmuls side by side. B = 16 favoured joined (1327 vs 1238, 1386 vs 1331).
+JOINED_MAX_TOKENS = {"fused_qkv": 4, "fused_gate_up": 4}
 
 
 @dataclass
@@ -100,7 +108,7 @@ def _project(layer, h: mx.array, positions: mx.array) -> tuple[mx.array, mx.arra
     attn = layer.self_attn
     x = layer.input_layernorm(h)
     total = x.shape[0]
-    if "fused_qkv" in attn:  # one matmul for q, k and v (fuse.py)
+    if "fused_qkv" in attn and total <= JOINED_MAX_TOKENS["fused_qkv"]:  # one matmul for q, k and v (fuse.py)
         q, k, v = mx.split(attn.fused_qkv(x), split_sizes(attn, "fused_qkv"), axis=-1)
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
@@ -121,7 +129,7 @@ def _finish(layer, h: mx.array, o: mx.array) -> mx.array:
     h = h + layer.self_attn.o_proj(o.reshape(o.shape[0], -1))
     x = layer.post_attention_layernorm(h)
     mlp = layer.mlp
-    if "fused_gate_up" in mlp:  # one matmul for gate and up (fuse.py)
+    if "fused_gate_up" in mlp and x.shape[0] <= JOINED_MAX_TOKENS["fused_gate_up"]:  # one matmul (fuse.py)
         gate, up = mx.split(mlp.fused_gate_up(x), 2, axis=-1)
         return h + mlp.down_proj(swiglu(gate, up))
     return h + mlp(x)
@@ -185,8 +193,8 @@ class CompiledBlocks:
     `seams(layers)` is [project 0, finish 0 + project 1, …, finish L-1]: one compiled call
     per layer boundary instead of two (a call costs ~20 µs of host time on a 2-core x86 VM). A
     compiled graph captures the modules as they were when traced, so the lists are keyed
-    by the registry's swap count (tuned-kernel patching bumps it) and whether tuned kernels
-    are bypassed; each distinct token count is traced once per key. The owner drops it (and
+    by the registry's swap count (tuned-kernel patching bumps it), whether tuned kernels
+    are bypassed and `JOINED_MAX_TOKENS`; each distinct token count is traced once per key. The owner drops it (and
     collects) before MLX shuts down: compiled graphs freed during interpreter exit may
     abort the process.
     """
@@ -195,7 +203,7 @@ class CompiledBlocks:
         self._seams: dict[tuple, list] = {}
 
     def seams(self, layers: list) -> list:
-        key = (id(layers), swap_count(), bypassed())
+        key = (id(layers), swap_count(), bypassed(), tuple(JOINED_MAX_TOKENS.values()))
         fns = self._seams.get(key)
         if fns is None:
             # Graphs of modules swapped out since are never used again: drop them.

@@ -207,6 +207,7 @@ def tune(problems: list[Problem], rows: range | list[int] | None = None, candida
     progress = progress or (lambda _msg: None)
     if table is None:
         table = new_table()
+    table.complete = False  # until every (problem, rows) asked for here is done
     pool = default_candidates(kind) if candidates is None else candidates
     if not screened:
         pool = screen(pool, problems, table, progress, screen_shapes, pause=pause, max_rows=max(rows))

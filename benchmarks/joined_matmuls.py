@@ -1,0 +1,88 @@
+"""Joined q/k/v and gate/up matmuls (locals/engine/fuse.py) against the parts, per batch size:
+engine decode tok/s with each of `forward.JOINED_MAX_TOKENS`'s settings, interleaved rounds.
+
+    python benchmarks/joined_matmuls.py --random-model qwen3-4b --batches 1,4,8,16 --separate
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import interleaved, load_pair, no_eos, prompts, summary, write_results  # noqa: E402
+from locals.engine import forward  # noqa: E402
+from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
+from locals.engine.bench import run_locals  # noqa: E402
+
+ALWAYS, NEVER = 1 << 30, 0
+# name -> (q/k/v joined up to this many tokens a pass, gate/up joined up to)
+VARIANTS = {
+    "joined": (ALWAYS, ALWAYS),
+    "joined-4-tokens": (4, 4),
+    "parts": (NEVER, NEVER),
+}
+
+
+def with_setting(engine, setting: tuple[int, int], ps, tokens: int) -> dict:
+    """One batch through `engine` with the joined matmuls used up to `setting` tokens a pass."""
+    saved = dict(forward.JOINED_MAX_TOKENS)
+    forward.JOINED_MAX_TOKENS.update(fused_qkv=setting[0], fused_gate_up=setting[1])
+    try:
+        return run_locals(engine, ps, tokens)
+    finally:
+        forward.JOINED_MAX_TOKENS.update(saved)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--random-model", default=None, help="qwen3-4b on a GPU; default: the embedded model")
+    ap.add_argument("--batches", default="1,4,8,16")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--separate", action="store_true",
+                    help="also run a second engine on an unjoined copy of the model ('separate': the "
+                         "parts as loaded, not as views of a joined weight)")
+    args = ap.parse_args()
+    if needs_fast_blas_reexec():
+        reexec_with_fast_blas()
+
+    from locals.engine.engine import Engine
+    from locals.engine.settings import EngineConfig
+
+    ours, _theirs, label = load_pair(args.random_model)
+    engine = Engine(no_eos(ours), EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
+    engine.start()
+    separate = None
+    if args.separate:
+        separate = Engine(no_eos(load_pair(args.random_model)[0]),
+                          EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False, fuse_projections=False))
+        separate.start()
+    print(f"locals: {engine.fused_groups} groups joined, {engine.patched_layers} layers use tuned kernels", flush=True)
+    rows, path = [], None
+    try:
+        for batch in [int(b) for b in args.batches.split(",")]:
+            ps = prompts(ours.tokenizer, batch, args.prompt_len, seed=batch)
+            runners = {name: (lambda s=s: with_setting(engine, s, ps, args.tokens)) for name, s in VARIANTS.items()}
+            if separate is not None:
+                runners["separate"] = lambda: run_locals(separate, ps, args.tokens)
+            res = interleaved(args.rounds, runners)
+            row = {"batch": batch, **{n: {"decode_tps": summary([r["decode_tps"] for r in runs])}
+                                      for n, runs in res.items()}}
+            rows.append(row)
+            print(f"B={batch:3d}  " + "  ".join(f"{n}: {row[n]['decode_tps']['median']:.1f}" for n in res), flush=True)
+            path = write_results("joined_matmuls", {"model": label, "tokens": args.tokens, "rounds": args.rounds,
+                                                    "variants": VARIANTS, "rows": rows, "argv": sys.argv[1:],
+                                                    "tuned_layers": engine.patched_layers}, path)
+    finally:
+        for e in (engine, separate):
+            if e is not None:
+                e.stop()
+    print(f"results: {path}")
+
+
+if __name__ == "__main__":
+    main()
