@@ -69,8 +69,8 @@ def test_joined_model_computes_what_it_did_and_holds_each_weight_once(build, mon
     assert isinstance(attn.q_proj, PartOf) and isinstance(mlp.up_proj, PartOf)
     assert attn.fused_qkv.weight.shape[0] == sum(p.weight.shape[0] for p in (attn.q_proj, attn.k_proj, attn.v_proj))
     # Our ragged forward takes the joined matmuls and agrees with the plain model.
-    rows = [RowInput(tokens=mx.array(tokens, dtype=mx.int32), n=len(tokens), kv=RowKV(len(model.model.layers)), sample=True,
-                     logits=len(tokens))]
+    rows = [RowInput(tokens=mx.array(tokens, dtype=mx.int32), n=len(tokens), kv=RowKV(len(model.model.layers)),
+                     sample=True, logits=len(tokens))]
     ours = np.array(forward(model, rows).astype(mx.float32))
     np.testing.assert_allclose(ours, before[0], rtol=2e-4, atol=2e-4)
     # Joining again changes nothing.

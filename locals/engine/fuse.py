@@ -1,8 +1,9 @@
 """Join the linears that read the same input (q/k/v, gate/up) into one matmul per layer block.
 
-A decode step then launches one matmul where it launched three (attention) or two (MLP):
-three kernels fewer per layer, and at small batches the joined matmul has more output
-columns to spread over the GPU. The model still runs as mlx-lm wrote it: the old attributes
+A short pass then launches one matmul where it launched three (attention) or two (MLP):
+three kernels fewer per layer, which is what a host-bound step at small batches pays for
+(forward.JOINED_MAX_TOKENS says up to how many tokens a pass uses them; longer passes run
+the parts). The model still runs as mlx-lm wrote it: the old attributes
 (q_proj, gate_proj, ...) become `PartOf` views that run their own rows of the joined weight
 with the same op, so mlx-lm's forward (the peer side of the benchmarks shares the object)
 computes what it did before. Only llama/qwen-family blocks whose parts are all plain
