@@ -127,3 +127,19 @@ def test_passes_longer_than_the_setting_run_the_parts(monkeypatch):
         out = np.array(forward(model, rows).astype(mx.float32))
         np.testing.assert_allclose(out, expected[n], rtol=2e-4, atol=2e-4)
         assert calls == ([n, n] if n <= 3 else [])  # layer 0's joined q/k/v and gate/up, or neither
+
+
+def test_joined_matmuls_run_up_to_4_tokens_on_cuda_and_for_every_pass_elsewhere(monkeypatch):
+    from locals.engine import forward as fwd
+
+    class FakeCuda:
+        available = True
+
+        @classmethod
+        def is_available(cls):
+            return cls.available
+
+    monkeypatch.setattr(mx, "cuda", FakeCuda, raising=False)
+    assert fwd._default_joined_limits() == {"fused_qkv": 4, "fused_gate_up": 4}
+    FakeCuda.available = False
+    assert fwd._default_joined_limits()["fused_qkv"] > 1 << 20

@@ -22,14 +22,25 @@ from locals.engine.kv import RowKV
 from locals.engine.rowfeed import RowOf, join_rows
 
 RAGGED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
-# Passes of at most this many tokens run a layer's joined matmuls (fuse.py); longer ones run
-# the parts, views of the same weights (benchmarks/joined_matmuls.py compares settings). On
-# the H200, random 4-bit Qwen3-4B, one engine, interleaved rounds: at B = 4 joined beat the
-# parts in every run (414 vs 312, 443 vs 345 tok/s); at B = 8 the parts beat joined in all
-# three (751 vs 719, 805 vs 743, 781 vs 729): with more rows the q/k/v outputs are strided
-# slices, and the step ran 6 more copy kernels a layer (ncu), while MLX already runs the
-# independent matmuls side by side. B = 16 favoured joined (1327 vs 1238, 1386 vs 1331).
-JOINED_MAX_TOKENS = {"fused_qkv": 4, "fused_gate_up": 4}
+
+
+def _default_joined_limits() -> dict[str, int]:
+    """Up to how many tokens a pass runs a layer's joined matmuls (fuse.py); longer ones run
+    the parts, views of the same weights (benchmarks/joined_matmuls.py compares settings).
+
+    CUDA: 4. On the H200 (random 4-bit Qwen3-4B, one engine, interleaved rounds) joined beat
+    the parts at B = 4 in every run (414 vs 312, 443 vs 345 tok/s) and lost at B = 8 in all
+    three (719 vs 751, 743 vs 805, 729 vs 781): with several rows the q/k/v outputs are
+    strided slices and the step ran 6 more copy kernels a layer (ncu), while MLX's CUDA
+    graph already runs independent matmuls side by side. Elsewhere: every pass. Nothing has
+    measured otherwise there (the CPU's dense path runs the same either way), and tuning
+    covers the joined shapes at every row count, the parts at none."""
+    cuda = getattr(mx, "cuda", None)
+    limit = 4 if cuda is not None and cuda.is_available() else 1 << 30
+    return {"fused_qkv": limit, "fused_gate_up": limit}
+
+
+JOINED_MAX_TOKENS = _default_joined_limits()
 
 
 @dataclass
