@@ -45,7 +45,6 @@ def fuse_projections(model) -> int:
             for name, part in zip(parts, linears):
                 rows = part.weight.shape[0]
                 block[name] = PartOf(fused, start, start + rows)
-                mx.eval(list(block[name]._rows.arrays.values()))
                 start += rows
             joined += 1
     if joined:
@@ -95,8 +94,9 @@ class PartOf(nn.Module):
     def __init__(self, fused: nn.Module, start: int, stop: int):
         super().__init__()
         # A plain object attribute keeps the views out of the parameter tree.
-        self._rows = _Rows({k: fused[k][start:stop] for k in ("weight", "scales", "biases", "bias") if k in fused},
-                           {s: getattr(fused, s) for s in _QUANT_SETTINGS if hasattr(fused, s)})
+        views = {k: fused[k][start:stop] for k in ("weight", "scales", "biases", "bias") if k in fused}
+        mx.eval(list(views.values()))  # views, evaluated once: no slicing left for each call
+        self._rows = _Rows(views, {s: getattr(fused, s) for s in _QUANT_SETTINGS if hasattr(fused, s)})
 
     @property
     def weight(self) -> mx.array:
