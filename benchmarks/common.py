@@ -46,7 +46,9 @@ def write_results(name: str, data: dict, path: Path | None = None) -> Path:
     device = "gpu" if mx.default_device() == mx.gpu else "cpu"
     data = {"benchmark": name, "device": device, "machine": platform.machine(),
             "mlx": mx.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
-            "mlx_env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")}, **data}
+            "mlx_env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")},
+            "locals_env": {k: v for k, v in os.environ.items()
+                           if k.startswith("LOCALS_") and k not in ("LOCALS_HOME",)}, **data}
     path = path or RESULTS / f"{name}-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(data, indent=1))
     return path

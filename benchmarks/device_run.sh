@@ -4,7 +4,8 @@
 #   bash benchmarks/device_run.sh [PARTS] [MODEL]
 # PARTS (comma-separated, in order; default tune,decode,long):
 #   tune        `locals tune` on MODEL's layer shapes, rows 8,16,4,2 then the rest, each stopped
-#               after $TUNE_SECONDS (240) with what it measured saved, so the next parts run tuned
+#               after $TUNE_SECONDS (240) with what it measured saved, so the next parts run tuned;
+#               TUNE_ONLY=qmma,... tries only those candidates (and MLX's op)
 #   decode      batch_decode B = 1..32, locals (tuned) vs locals untuned vs locals with q/k/v and
 #               gate/up apart vs mlx-lm, 3 rounds
 #   ragged      batch_decode B = 8,32 with prompts of 64..256 tokens (rows at different lengths:
@@ -41,8 +42,8 @@ for part in ${parts//,/ }; do
   echo "== $part"
   case $part in
     tune) # The row counts that matter most first, then the rest, each stopped with what it measured saved.
-      timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 8,16,4,2
-      timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 2-16 ;;
+      timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 8,16,4,2 ${TUNE_ONLY:+--only $TUNE_ONLY}
+      timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 2-16 ${TUNE_ONLY:+--only $TUNE_ONLY} ;;
     decode) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline --unfused-baseline ;;
     ragged) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \

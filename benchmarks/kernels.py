@@ -5,7 +5,7 @@ timed. Rounds interleave all variants (rotating order), every sample is kept, an
 table shows medians with the range. Default shapes are Qwen3-4B's MLP and a square
 2560 projection, 4-bit, group 64, bfloat16. JSON goes to benchmarks/results/.
 
-    python benchmarks/kernels.py [--rows 1-16] [--bits 4] [--rounds 9] [--out DIR]
+    python benchmarks/kernels.py [--rows 1-16] [--bits 4] [--rounds 9] [--only qmma,qmvk] [--out DIR]
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ SHAPES = ((9728, 2560), (2560, 9728), (2560, 2560))
 
 
 def _parse_rows(text: str) -> list[int]:
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
+    rows = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        rows += range(int(lo), int(hi or lo) + 1)
+    return rows
 
 
 def _verified(candidates, bits: int, group: int, dtype) -> tuple[list, dict]:
@@ -77,19 +80,22 @@ def bench_shape(n: int, k: int, rows: list[int], cands: list, args) -> list[dict
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", default="1-16", help="row counts M, e.g. 1-16 or 8")
+    parser.add_argument("--rows", default="1-16", help="row counts M, e.g. 1-16, 8 or 1,2,4,8")
     parser.add_argument("--bits", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=64)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--repeats", type=int, default=50, help="calls evaluated together per sample")
     parser.add_argument("--shapes", default=",".join(f"{n}x{k}" for n, k in SHAPES))
+    parser.add_argument("--only", default="", help="comma-separated parts of candidate names to keep, e.g. qmma,qmvk")
     parser.add_argument("--out", type=Path, help="also copy the JSON here")
     args = parser.parse_args()
     args.dtype = getattr(mx, args.dtype)
     kind, chip = current_chip()
     print(f"{chip}, MLX {mx.__version__}", flush=True)
-    cands, rejected = _verified(default_candidates(kind), args.bits, args.group_size, args.dtype)
+    pool = [c for c in default_candidates(kind)
+            if not args.only or any(part in c.name for part in args.only.split(","))]
+    cands, rejected = _verified(pool, args.bits, args.group_size, args.dtype)
     print(f"verified: {[c.name for c in cands]}  rejected: {rejected}", flush=True)
     results = {}
     for shape in args.shapes.split(","):

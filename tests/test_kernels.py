@@ -291,10 +291,20 @@ def test_cpu_has_no_device_kernels_and_metal_source_is_distinct():
     assert qmm.candidates("cpu") == []
     names = {k.name for k in qmm.candidates("cuda")} | {k.name for k in qmm.candidates("metal")}
     cuda = qmm.candidates("cuda")
-    assert len(names) == 17 and sum(k.staged for k in cuda) == 3 and sum(k.split for k in cuda) == 4
+    assert len(names) == 23 and sum(k.staged for k in cuda) == 3 and sum(k.split for k in cuda) == 4
+    assert sum(k.tensor for k in cuda) == 6
     assert {k.variant for k in cuda} == set(qmm.CUDA_VARIANTS) and len({k.name for k in cuda}) == len(cuda)
     assert qmm.CUDA_TAG != qmm.METAL_TAG
     assert [qmm.row_bucket(m) for m in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
+
+
+def test_tensor_kernel_declines_what_it_cannot_compute():
+    kernel = qmm.QmvKernel("cuda", 16, 256, tensor=True)
+    assert kernel.name == "cuda-qmma-r16-t256"
+    assert not kernel.supports(4, 8, 64, mx.bfloat16, mx.bfloat16)  # 8-bit
+    assert not kernel.supports(4, 4, 64, mx.float32, mx.float32)  # no float32 mma here
+    assert not kernel.supports(17, 4, 64, mx.float16, mx.float16)
+    assert kernel.supports(16, 4, 32, mx.float16, mx.float16)
 
 
 def test_table_path_is_per_chip_and_version(locals_home):

@@ -60,3 +60,16 @@ def test_rows_take_counts_and_ranges_in_the_order_given():
     for bad in ("0", "3-20", "8,,2", "x"):
         with pytest.raises(LocalsError, match="within 1-16"):
             _parse_rows(bad)
+
+
+def test_tune_only_tries_the_named_candidates(locals_home):
+    import json
+
+    proc = run_cli("tune", "--shape", "33x128", "--rows", "2", "--rounds", "1", "--dtype", "float32",
+                   "--only", "pad8")
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads(next((locals_home / "cache" / "tuning").glob("*.json")).read_text())
+    timed = table["timings_us"]["q4-g64-float32-33x128"]["2"]
+    assert set(timed) == {"mlx", "mlx-pad8"}, timed
+    proc = run_cli("tune", "--shape", "33x128", "--only", "no-such-kernel")
+    assert proc.returncode == 1 and "matches no candidate" in proc.stderr and "Traceback" not in proc.stderr

@@ -20,7 +20,10 @@ OTHER_QUANTS = [(8, 64, mx.bfloat16), (4, 32, mx.float16), (8, 128, mx.float32),
 # while keeping the number of JIT compiles, ~1 s each, down).
 MATRIX = ([(k, 4, 64, mx.bfloat16) for k in qmm.candidates("cuda")]
           + [(k, *q) for k in (qmm.QmvKernel("cuda", 4, 256), qmm.QmvKernel("cuda", 2, 256, staged=True))
-             for q in OTHER_QUANTS])
+             for q in OTHER_QUANTS]
+          # The tensor-core kernel takes 4-bit fp16/bf16 only.
+          + [(qmm.QmvKernel("cuda", 32, 256, tensor=True, unroll=2), 4, g, d)
+             for g, d in ((32, mx.float16), (128, mx.bfloat16), (64, mx.float16))])
 
 
 def _id(item):

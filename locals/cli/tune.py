@@ -86,12 +86,15 @@ def tune(
                                        help="Batch rows to tune, in this order: e.g. 1-16 or 8,16,2-7 "
                                             "(default: 2-16 on CUDA, 1-16 elsewhere)."),
     rounds: int = typer.Option(7, "--rounds", help="Interleaved timing rounds per choice."),
+    only: Optional[str] = typer.Option(None, "--only",
+                                       help="Try only candidates whose names contain one of these "
+                                            "(comma-separated), e.g. qmma,mlx-pad8; MLX's op is always timed."),
     fresh: bool = typer.Option(False, "--fresh", help="Forget earlier results for this chip first."),
     report: bool = typer.Option(False, "--report", help="Only show what is stored for this chip."),
 ) -> None:
     """Verify every candidate kernel on this chip, time it per layer shape and batch size, keep the fastest."""
     from locals.engine.fuse import fuse_projections
-    from locals.engine.kernels.tuning import load_table, model_problems, save_table
+    from locals.engine.kernels.tuning import current_chip, default_candidates, load_table, model_problems, save_table
     from locals.engine.kernels.tuning import tune as run_tuning
 
     if report:
@@ -103,6 +106,13 @@ def tune(
     if bits not in (4, 8) or dtype not in ("bfloat16", "float16", "float32"):
         raise LocalsError("--bits must be 4 or 8 and --dtype one of bfloat16, float16, float32")
     row_list = _parse_rows(rows) if rows else None
+    pool = None
+    if only:
+        parts = [p.strip() for p in only.split(",") if p.strip()]
+        pool = [c for c in default_candidates(current_chip()[0]) if any(p in c.name for p in parts)]
+        if not pool:
+            raise LocalsError(f"--only {only!r} matches no candidate on this device; `locals tune --report` "
+                              "lists the names tuning chose before")
     if shape:
         problems = [_parse_shape(s, bits, group_size, dtype) for s in shape]
     else:
@@ -116,7 +126,7 @@ def tune(
             return
     table = None if fresh else load_table()
     with stop_requested() as stop, console_err.status("verifying and timing kernels…", spinner="dots") as status:
-        table = run_tuning(problems, rows=row_list, table=table, rounds=rounds,
+        table = run_tuning(problems, rows=row_list, candidates=pool, table=table, rounds=rounds,
                            progress=lambda msg: status.update(msg), pause=stop.is_set)
     path = save_table(table)
     print_table(table)

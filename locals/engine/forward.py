@@ -9,6 +9,7 @@ fall back to one mlx-lm model call per row.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -37,6 +38,7 @@ def _default_joined_limits() -> dict[str, int]:
     covers the joined shapes at every row count, the parts at none."""
     cuda = getattr(mx, "cuda", None)
     limit = 4 if cuda is not None and cuda.is_available() else 1 << 30
+    limit = int(os.environ.get("LOCALS_JOINED_MAX_TOKENS", limit))  # for benchmarks
     return {"fused_qkv": limit, "fused_gate_up": limit}
 
 

@@ -7,7 +7,8 @@ and apply it to all M rows, so the weights cross the memory bus once per call wh
 M is. On CUDA two variants share the algorithm: staged (a block's warps read x from shared
 memory) and split (a block's warps split K for the same columns). The CUDA and Metal
 sources are the same algorithm; neither is used before it has verified itself on the
-device (see verify.py and tuning.py).
+device (see verify.py and tuning.py). The CUDA tensor-core variant (4-bit, fp16/bf16)
+lives in qmm_mma.py.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import math
 from dataclasses import dataclass
 
 import mlx.core as mx
+
+from locals.engine.kernels.qmm_mma import CUDA_MMA_SOURCE
 
 MAX_ROWS = 16
 # Row counts are compiled in buckets (the kernel predicates rows past the real M), so a
@@ -345,9 +348,11 @@ def _source_tag(*parts: str) -> str:
     return hashlib.sha1("".join(parts).encode()).hexdigest()[:10]
 
 
-CUDA_TAG = _source_tag(CUDA_SOURCE, CUDA_STAGED_SOURCE, CUDA_SPLIT_SOURCE)
+CUDA_TAG = _source_tag(CUDA_SOURCE, CUDA_STAGED_SOURCE, CUDA_SPLIT_SOURCE, CUDA_MMA_SOURCE)
 METAL_TAG = _source_tag(METAL_SOURCE)
-CUDA_VARIANTS = {"qmv": CUDA_SOURCE, "qmvs": CUDA_STAGED_SOURCE, "qmvk": CUDA_SPLIT_SOURCE}
+CUDA_VARIANTS = {"qmv": CUDA_SOURCE, "qmvs": CUDA_STAGED_SOURCE, "qmvk": CUDA_SPLIT_SOURCE,
+                 "qmma": CUDA_MMA_SOURCE}
+MMA_DTYPES = (mx.float16, mx.bfloat16)
 _KERNELS: dict[tuple[str, str], object] = {}
 
 
@@ -381,25 +386,33 @@ def row_bucket(rows: int) -> int:
 
 @dataclass(frozen=True)
 class QmvKernel:
-    """One launch configuration: R output columns per warp (per block when split), T threads
-    a block, x staged in shared memory or not, K split across a block's warps or not."""
+    """One launch configuration: R output columns per warp (per block when split or on the
+    tensor cores), T threads a block, x staged in shared memory or not, K split across a
+    block's warps or not, products on the tensor cores (CUDA, 4-bit, R = 16 or 32) or not."""
 
     backend: str  # "cuda" | "metal"
     cols_per_warp: int
     threads: int
     staged: bool = False
     split: bool = False
+    tensor: bool = False
+    unroll: int = 1  # tensor: chunks of K loaded together (and as many more in flight)
 
     @property
     def variant(self) -> str:
+        if self.tensor:
+            return "qmma"
         return "qmvk" if self.split else ("qmvs" if self.staged else "qmv")
 
     @property
     def name(self) -> str:
-        return f"{self.backend}-{self.variant}-r{self.cols_per_warp}-t{self.threads}"
+        more = f"-u{self.unroll}" if self.unroll > 1 else ""
+        return f"{self.backend}-{self.variant}-r{self.cols_per_warp}-t{self.threads}{more}"
 
     def supports(self, rows: int, bits: int, group_size: int, dtype, scales_dtype) -> bool:
         """Whether this kernel computes the given problem (otherwise MLX's op is used)."""
+        if self.tensor and (bits != 4 or dtype not in MMA_DTYPES):
+            return False
         return (1 <= rows <= MAX_ROWS and bits in SUPPORTED_BITS and group_size in SUPPORTED_GROUPS
                 and dtype in SUPPORTED_DTYPES and scales_dtype == dtype)
 
@@ -411,7 +424,12 @@ class QmvKernel:
         x2 = x.reshape(rows, k)
         template = [("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
                     ("BITS", bits), ("GS", group_size)]
-        if self.split:  # one block per R columns
+        if self.tensor:  # one block per R columns; 8-row tiles, so two compiles in all
+            template = [("T", x.dtype), ("MB", 8 if rows <= 8 else 16), ("NC", self.cols_per_warp // 16),
+                        ("NT", self.threads), ("GS", group_size), ("F16", x.dtype == mx.float16),
+                        ("U", self.unroll)]
+            grid = -(-n // self.cols_per_warp) * self.threads
+        elif self.split:  # one block per R columns
             template.append(("NT", self.threads))
             grid = -(-n // self.cols_per_warp) * self.threads
         else:  # one warp per R columns
@@ -437,4 +455,8 @@ def candidates(backend: str) -> list[QmvKernel]:
     plain = [QmvKernel(backend, r, t) for r in (2, 4) for t in (128, 256)]
     staged = [QmvKernel(backend, 2, t, staged=True) for t in (256, 512)] + [QmvKernel(backend, 4, 256, staged=True)]
     split = [QmvKernel(backend, r, t, split=True) for r in (2, 4) for t in (128, 256)]
-    return plain + staged + split
+    # Tensor cores: on the H200 (tuning_table-gpu-20261130-qmma.json) 32 columns with 128
+    # threads won 6 of 60 (shape, rows) cases, by 0.4-4.3% over the next: left out.
+    tensor = [QmvKernel(backend, r, t, tensor=True, unroll=u)
+              for r, t, u in ((16, 128, 1), (16, 256, 1), (32, 256, 1), (16, 128, 2), (16, 256, 2), (16, 512, 1))]
+    return plain + staged + split + tensor

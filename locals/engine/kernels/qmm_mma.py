@@ -1,0 +1,192 @@
+"""The tensor-core (mma) source of the small-batch quantized matmul: CUDA, 4-bit, fp16/bf16.
+
+The CUDA-core kernels in qmm.py accumulate every row's products in float32 FMAs: at 8
+rows that is 8 FMAs per weight value, more than an SM issues per weight byte it can
+read, so from ~4 rows they are bound by instructions, not by memory (docs/benchmarks.md,
+the per-M table). Here each weight value is dequantized once (two bf16x2 or f16x2
+instructions per pair of values) and the products run on the tensor cores: one
+`mma.m16n8k16` multiplies 16 weight columns by 16 k values for 8 batch rows.
+
+Layout. A block owns 16·NC output columns; its warps split K in chunks of 128 values
+(each warp takes every S-th chunk) and sum through shared memory at the end. In a chunk,
+lane (g, t) = (lane / 4, lane % 4) loads 16 bytes (32 values) of weight columns g and
+g + 8 at k = 32·t .. 32·t + 31, and the same 32 values of batch rows g (and g + 8 for 9-16
+rows). The dot product does not depend on the order of k, so each mma's 16 k positions are
+the lane's own values, paired as the dequantization trick leaves them: `word & 0x000F000F`
+holds nibbles 0 and 4, `>> 4` nibbles 1 and 5, and so on; x's pairs are rearranged to
+match with one byte-permute each. The next chunk's loads are issued before this chunk's
+arithmetic (two register stages of U chunks each: more bytes in flight per warp).
+"""
+
+from __future__ import annotations
+
+CUDA_MMA_SOURCE = r"""
+  constexpr int S = NT / 32;                // warps per block, each over every S-th chunk of K
+  constexpr int TILES = MB > 8 ? 2 : 1;     // 8-row tiles of x
+  constexpr int CH = 128;                   // k values per chunk: 4 lanes x 32
+  constexpr uint32_t MAGIC = F16 ? 0x64006400u : 0x43004300u;  // 1024.0 / 128.0, twice
+  __shared__ float part[S][16 * NC][8 * TILES];
+  const int M = x_shape[0];
+  const int N = w_shape[0];
+  const int KW = w_shape[1];
+  const int K = KW * 8;
+  const int G = K / GS;
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int n0 = blockIdx.x * (16 * NC);
+  const int chunks = (K + CH - 1) / CH;
+  const uint16_t* sbits = reinterpret_cast<const uint16_t*>(scales);
+  const uint16_t* bbits = reinterpret_cast<const uint16_t*>(biases);
+
+  // One chunk's loads for this lane: weight words, scale and bias pairs, x pairs.
+  struct Chunk {
+    uint4 wv[NC][2];
+    uint32_t s2[NC][2];
+    uint32_t b2[NC][2];
+    uint4 xv[TILES][4];
+  };
+  auto load = [&](int c, Chunk& st) {
+    const int k0 = c * CH + 32 * t;
+    const bool kin = c < chunks && k0 < K;  // K is a multiple of 32
+#pragma unroll
+    for (int nc = 0; nc < NC; ++nc) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        // Columns past N repeat the last one; their sums are never written.
+        const int n = min(n0 + 16 * nc + g + 8 * h, N - 1);
+        if (kin) {
+          st.wv[nc][h] = *reinterpret_cast<const uint4*>(w + size_t(n) * KW + k0 / 8);
+          const uint32_t sb = sbits[size_t(n) * G + k0 / GS];
+          const uint32_t bb = bbits[size_t(n) * G + k0 / GS];
+          st.s2[nc][h] = sb | (sb << 16);
+          st.b2[nc][h] = bb | (bb << 16);
+        } else {
+          st.wv[nc][h] = make_uint4(0u, 0u, 0u, 0u);
+          st.s2[nc][h] = 0u;
+          st.b2[nc][h] = 0u;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {
+      const int m = g + 8 * i;
+      const uint4* xp = reinterpret_cast<const uint4*>(x + size_t(m) * K + k0);
+#pragma unroll
+      for (int v = 0; v < 4; ++v) {
+        st.xv[i][v] = (kin && m < M) ? xp[v] : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  };
+  // Four values of a word (nibble pairs p, p + 4 and p + 1, p + 5 after shifting) as
+  // dequantized half pairs: (128 + q) - 128 is exact, then one rounding in q * s + b.
+  auto dequant = [&](uint32_t word, uint32_t s2, uint32_t b2) -> uint32_t {
+    uint32_t u = (word & 0x000F000Fu) | MAGIC;
+    uint32_t r;
+    if (F16) {
+      asm("sub.f16x2 %0, %1, %2;" : "=r"(u) : "r"(u), "r"(MAGIC));
+      asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(u), "r"(s2), "r"(b2));
+    } else {
+      asm("sub.bf16x2 %0, %1, %2;" : "=r"(u) : "r"(u), "r"(MAGIC));
+      asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(u), "r"(s2), "r"(b2));
+    }
+    return r;
+  };
+  float acc[NC][TILES][4];
+#pragma unroll
+  for (int nc = 0; nc < NC; ++nc) {
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[nc][i][e] = 0.0f;
+      }
+    }
+  }
+  // U chunks an iteration, the next U in flight while these are multiplied.
+  Chunk cur[U];
+  Chunk nxt[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    load(warp + u * S, cur[u]);
+  }
+  for (int c = warp; c < chunks; c += U * S) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      load(c + (U + u) * S, nxt[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const Chunk& ch = cur[u];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {        // the lane's four words
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {      // two mma steps per word
+          uint32_t xb[TILES][2];
+#pragma unroll
+          for (int i = 0; i < TILES; ++i) {
+            const uint32_t* xr = reinterpret_cast<const uint32_t*>(&ch.xv[i][0]);
+            xb[i][0] = __byte_perm(xr[4 * j + h], xr[4 * j + h + 2], 0x5410);
+            xb[i][1] = __byte_perm(xr[4 * j + h], xr[4 * j + h + 2], 0x7632);
+          }
+#pragma unroll
+          for (int nc = 0; nc < NC; ++nc) {
+            const uint32_t* w0 = reinterpret_cast<const uint32_t*>(&ch.wv[nc][0]);
+            const uint32_t* w1 = reinterpret_cast<const uint32_t*>(&ch.wv[nc][1]);
+            const int sh = 8 * h;
+            const uint32_t a0 = dequant(w0[j] >> sh, ch.s2[nc][0], ch.b2[nc][0]);
+            const uint32_t a1 = dequant(w1[j] >> sh, ch.s2[nc][1], ch.b2[nc][1]);
+            const uint32_t a2 = dequant(w0[j] >> (sh + 4), ch.s2[nc][0], ch.b2[nc][0]);
+            const uint32_t a3 = dequant(w1[j] >> (sh + 4), ch.s2[nc][1], ch.b2[nc][1]);
+#pragma unroll
+            for (int i = 0; i < TILES; ++i) {
+              float* d = acc[nc][i];
+              if (F16) {
+                asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                    "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(xb[i][0]), "r"(xb[i][1]));
+              } else {
+                asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                    "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(xb[i][0]), "r"(xb[i][1]));
+              }
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      cur[u] = nxt[u];
+    }
+  }
+  // acc[nc][i] = {D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]}: column n0 + 16nc + g (+8),
+  // batch row 8i + 2t (+1).
+#pragma unroll
+  for (int nc = 0; nc < NC; ++nc) {
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        part[warp][16 * nc + g + 8 * (e >> 1)][8 * i + 2 * t + (e & 1)] = acc[nc][i][e];
+      }
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < 16 * NC * 8 * TILES; idx += NT) {
+    const int col = idx / (8 * TILES);
+    const int m = idx - col * (8 * TILES);
+    const int n = n0 + col;
+    if (m < M && n < N) {
+      float v = 0.0f;
+#pragma unroll
+      for (int k = 0; k < S; ++k) {
+        v += part[k][col][m];
+      }
+      out[size_t(m) * N + n] = static_cast<T>(v);
+    }
+  }
+"""
