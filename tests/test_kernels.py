@@ -196,7 +196,8 @@ def test_tune_pauses_and_resumes():
 
 def test_tuning_rows_cover_every_row_count_the_kernels_take():
     assert qmm.tuning_rows("metal") == qmm.tuning_rows("cpu") == list(range(1, qmm.MAX_ROWS + 1))
-    assert qmm.tuning_rows("cuda") == list(range(2, qmm.MAX_ROWS + 1))  # one row: MLX's own kernel
+    # One row: MLX's own kernel; 17-32 rows: the tensor-core kernel's wide candidates.
+    assert qmm.tuning_rows("cuda") == list(range(2, qmm.WIDE_MAX_ROWS + 1))
 
 
 def test_ctrl_c_or_sigterm_stops_tuning_at_a_pause_point():
@@ -291,8 +292,8 @@ def test_cpu_has_no_device_kernels_and_metal_source_is_distinct():
     assert qmm.candidates("cpu") == []
     names = {k.name for k in qmm.candidates("cuda")} | {k.name for k in qmm.candidates("metal")}
     cuda = qmm.candidates("cuda")
-    assert len(names) == 23 and sum(k.staged for k in cuda) == 3 and sum(k.split for k in cuda) == 4
-    assert sum(k.tensor for k in cuda) == 6
+    assert len(names) == 26 and sum(k.staged for k in cuda) == 3 and sum(k.split for k in cuda) == 4
+    assert sum(k.tensor for k in cuda) == 9 and sum(k.wide for k in cuda) == 3
     assert {k.variant for k in cuda} == set(qmm.CUDA_VARIANTS) and len({k.name for k in cuda}) == len(cuda)
     assert qmm.CUDA_TAG != qmm.METAL_TAG
     assert [qmm.row_bucket(m) for m in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
@@ -305,6 +306,9 @@ def test_tensor_kernel_declines_what_it_cannot_compute():
     assert not kernel.supports(4, 4, 64, mx.float32, mx.float32)  # no float32 mma here
     assert not kernel.supports(17, 4, 64, mx.float16, mx.float16)
     assert kernel.supports(16, 4, 32, mx.float16, mx.float16)
+    wide = qmm.QmvKernel("cuda", 16, 256, tensor=True, wide=True)
+    assert wide.name == "cuda-qmma-r16-t256-wide"
+    assert [m for m in range(1, 40) if wide.supports(m, 4, 64, mx.bfloat16, mx.bfloat16)] == list(range(17, 33))
 
 
 def test_table_path_is_per_chip_and_version(locals_home):

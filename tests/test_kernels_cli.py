@@ -32,7 +32,7 @@ def test_tune_shape_then_report(locals_home):
 def test_tune_bad_options_are_one_line_errors():
     for args, needle in ((("--shape", "33x100"), "multiple of the group size"),
                          (("--shape", "abc"), "OUTxIN"),
-                         (("--shape", "33x128", "--rows", "0-40"), "within 1-16"),
+                         (("--shape", "33x128", "--rows", "0-40"), "within 1-32"),
                          (("--shape", "33x128", "--bits", "3"), "--bits")):
         proc = run_cli("tune", *args)
         assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr)
@@ -57,8 +57,9 @@ def test_rows_take_counts_and_ranges_in_the_order_given():
 
     assert _parse_rows("1-16") == list(range(1, 17))
     assert _parse_rows("8,16,2-4,8") == [8, 16, 2, 3, 4]
-    for bad in ("0", "3-20", "8,,2", "x"):
-        with pytest.raises(LocalsError, match="within 1-16"):
+    assert _parse_rows("17-32") == list(range(17, 33))
+    for bad in ("0", "3-40", "8,,2", "x"):
+        with pytest.raises(LocalsError, match="within 1-32"):
             _parse_rows(bad)
 
 

@@ -20,6 +20,8 @@ from locals.errors import LocalsError
 
 def _parse_rows(text: str) -> list[int]:
     """Row counts from "4", "1-16" or a comma-separated mix ("8,16,2-4"), in the order given."""
+    from locals.engine.kernels.qmm import WIDE_MAX_ROWS
+
     rows: list[int] = []
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
@@ -27,8 +29,9 @@ def _parse_rows(text: str) -> list[int]:
             span = list(range(int(lo), int(hi if sep else lo) + 1))
         except ValueError:
             span = []
-        if not span or span[0] < 1 or span[-1] > 16:
-            raise LocalsError(f"--rows {text!r}: give counts or ranges within 1-16, e.g. 1-16, 4 or 8,16,2-4")
+        if not span or span[0] < 1 or span[-1] > WIDE_MAX_ROWS:
+            raise LocalsError(f"--rows {text!r}: give counts or ranges within 1-{WIDE_MAX_ROWS}, "
+                              "e.g. 1-16, 4 or 8,16,2-4")
         rows += [m for m in span if m not in rows]
     return rows
 
@@ -84,7 +87,7 @@ def tune(
     dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype for --shape."),
     rows: Optional[str] = typer.Option(None, "--rows",
                                        help="Batch rows to tune, in this order: e.g. 1-16 or 8,16,2-7 "
-                                            "(default: 2-16 on CUDA, 1-16 elsewhere)."),
+                                            "(default: 2-32 on CUDA, 1-16 elsewhere)."),
     rounds: int = typer.Option(7, "--rounds", help="Interleaved timing rounds per choice."),
     only: Optional[str] = typer.Option(None, "--only",
                                        help="Try only candidates whose names contain one of these "

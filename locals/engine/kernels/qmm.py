@@ -22,6 +22,9 @@ import mlx.core as mx
 from locals.engine.kernels.qmm_mma import CUDA_MMA_SOURCE
 
 MAX_ROWS = 16
+# The tensor-core kernel's wide candidates take 17..32 rows (four 8-row tiles); the others,
+# and MLX's own tiled kernel past 32, keep the rest.
+WIDE_MAX_ROWS = 32
 # Row counts are compiled in buckets (the kernel predicates rows past the real M), so a
 # tuning run compiles 5 variants per configuration instead of 16.
 ROW_BUCKETS = (1, 2, 4, 8, 16)
@@ -371,12 +374,14 @@ def _kernel(backend: str, variant: str):
 
 
 def tuning_rows(backend: str) -> list[int]:
-    """Row counts worth tuning on `backend`. On CUDA 2..MAX_ROWS: for one row MLX's vector
-    kernel stays. Inside an H200 model step our 1-row kernel read the 12.5 MB down_proj at
-    430 GB/s (29 us a call), MLX's 1-row calls the other layers at 610 GB/s (1.57 GB in
-    2.58 ms, step_kernels-gpu-20261130-081928.json), yet timed in a chain the two were
-    within 3% (host-bound: about 43 us a call for every candidate)."""
-    return list(range(2 if backend == "cuda" else 1, MAX_ROWS + 1))
+    """Row counts worth tuning on `backend`: 2..WIDE_MAX_ROWS on CUDA, 1..MAX_ROWS elsewhere.
+    For one row MLX's vector kernel stays on CUDA: inside an H200 model step our 1-row kernel
+    read the 12.5 MB down_proj at 430 GB/s (29 us a call), MLX's 1-row calls the other layers
+    at 610 GB/s (1.57 GB in 2.58 ms, step_kernels-gpu-20261130-081928.json), yet timed in a
+    chain the two were within 3% (host-bound: about 43 us a call for every candidate)."""
+    if backend == "cuda":
+        return list(range(2, WIDE_MAX_ROWS + 1))
+    return list(range(1, MAX_ROWS + 1))
 
 
 def row_bucket(rows: int) -> int:
@@ -397,6 +402,7 @@ class QmvKernel:
     split: bool = False
     tensor: bool = False
     unroll: int = 1  # tensor: chunks of K loaded together (and as many more in flight)
+    wide: bool = False  # tensor: 17..WIDE_MAX_ROWS rows instead of 1..MAX_ROWS
 
     @property
     def variant(self) -> str:
@@ -406,14 +412,15 @@ class QmvKernel:
 
     @property
     def name(self) -> str:
-        more = f"-u{self.unroll}" if self.unroll > 1 else ""
+        more = (f"-u{self.unroll}" if self.unroll > 1 else "") + ("-wide" if self.wide else "")
         return f"{self.backend}-{self.variant}-r{self.cols_per_warp}-t{self.threads}{more}"
 
     def supports(self, rows: int, bits: int, group_size: int, dtype, scales_dtype) -> bool:
         """Whether this kernel computes the given problem (otherwise MLX's op is used)."""
         if self.tensor and (bits != 4 or dtype not in MMA_DTYPES):
             return False
-        return (1 <= rows <= MAX_ROWS and bits in SUPPORTED_BITS and group_size in SUPPORTED_GROUPS
+        low, high = (MAX_ROWS + 1, WIDE_MAX_ROWS) if self.wide else (1, MAX_ROWS)
+        return (low <= rows <= high and bits in SUPPORTED_BITS and group_size in SUPPORTED_GROUPS
                 and dtype in SUPPORTED_DTYPES and scales_dtype == dtype)
 
     def __call__(self, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
@@ -424,8 +431,9 @@ class QmvKernel:
         x2 = x.reshape(rows, k)
         template = [("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
                     ("BITS", bits), ("GS", group_size)]
-        if self.tensor:  # one block per R columns; 8-row tiles, so two compiles in all
-            template = [("T", x.dtype), ("MB", 8 if rows <= 8 else 16), ("NC", self.cols_per_warp // 16),
+        if self.tensor:  # one block per R columns; 8-row tiles, so three compiles in all
+            bucket = 8 if rows <= 8 else (16 if rows <= 16 else 32)
+            template = [("T", x.dtype), ("MB", bucket), ("NC", self.cols_per_warp // 16),
                         ("NT", self.threads), ("GS", group_size), ("F16", x.dtype == mx.float16),
                         ("U", self.unroll)]
             grid = -(-n // self.cols_per_warp) * self.threads
@@ -459,4 +467,7 @@ def candidates(backend: str) -> list[QmvKernel]:
     # threads won 6 of 60 (shape, rows) cases, by 0.4-4.3% over the next: left out.
     tensor = [QmvKernel(backend, r, t, tensor=True, unroll=u)
               for r, t, u in ((16, 128, 1), (16, 256, 1), (32, 256, 1), (16, 128, 2), (16, 256, 2), (16, 512, 1))]
-    return plain + staged + split + tensor
+    # 17-32 rows: apart from the above so that one failing at 32 rows rejects only these.
+    # Not yet timed on a GPU.
+    wide = [QmvKernel(backend, r, t, tensor=True, wide=True) for r, t in ((16, 128), (16, 256), (32, 256))]
+    return plain + staged + split + tensor + wide

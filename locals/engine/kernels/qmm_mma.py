@@ -1,4 +1,4 @@
-"""The tensor-core (mma) source of the small-batch quantized matmul: CUDA, 4-bit, fp16/bf16.
+"""The tensor-core (mma) small-batch quantized matmul source: CUDA, 4-bit, fp16/bf16, 1-32 rows.
 
 The CUDA-core kernels in qmm.py accumulate every row's products in float32 FMAs: at 8
 rows that is 8 FMAs per weight value, more than an SM issues per weight byte it can
@@ -10,9 +10,10 @@ instructions per pair of values) and the products run on the tensor cores: one
 Layout. A block owns 16·NC output columns; its warps split K in chunks of 128 values
 (each warp takes every S-th chunk) and sum through shared memory at the end. In a chunk,
 lane (g, t) = (lane / 4, lane % 4) loads 16 bytes (32 values) of weight columns g and
-g + 8 at k = 32·t .. 32·t + 31, and the same 32 values of batch rows g (and g + 8 for 9-16
-rows). The dot product does not depend on the order of k, so each mma's 16 k positions are
-the lane's own values, paired as the dequantization trick leaves them: `word & 0x000F000F`
+g + 8 at k = 32·t .. 32·t + 31, and the same 32 values of batch rows g, g + 8, … (one per
+8-row tile: 1, 2 or 4 tiles). The dot product does not depend on the order of k, so each
+mma's 16 k positions are the lane's own values, paired as the dequantization trick leaves
+them: `word & 0x000F000F`
 holds nibbles 0 and 4, `>> 4` nibbles 1 and 5, and so on; x's pairs are rearranged to
 match with one byte-permute each. The next chunk's loads are issued before this chunk's
 arithmetic (two register stages of U chunks each: more bytes in flight per warp).
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 CUDA_MMA_SOURCE = r"""
   constexpr int S = NT / 32;                // warps per block, each over every S-th chunk of K
-  constexpr int TILES = MB > 8 ? 2 : 1;     // 8-row tiles of x
+  constexpr int TILES = MB / 8;             // 8-row tiles of x (MB is 8, 16 or 32)
   constexpr int CH = 128;                   // k values per chunk: 4 lanes x 32
   constexpr uint32_t MAGIC = F16 ? 0x64006400u : 0x43004300u;  // 1024.0 / 128.0, twice
   __shared__ float part[S][16 * NC][8 * TILES];

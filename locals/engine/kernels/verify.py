@@ -21,7 +21,7 @@ ERROR_LIMIT = {mx.float32: 1e-4, mx.float16: 4e-3, mx.bfloat16: 2e-2}
 # Odd column counts and K spanning an odd number of groups catch edge handling (tuning
 # also checks each real layer shape before timing it).
 DEFAULT_SHAPES = ((97, 640), (1000, 1920))
-DEFAULT_ROWS = (1, 2, 3, 5, 8, 13, 16)
+DEFAULT_ROWS = (1, 2, 3, 5, 8, 13, 16, 21, 32)
 
 
 @dataclass(frozen=True)
