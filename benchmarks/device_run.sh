@@ -3,7 +3,7 @@
 # to benchmarks/results/ and, when $OUT is set, are copied there after each part.
 #   bash benchmarks/device_run.sh [PARTS] [MODEL]
 # PARTS (comma-separated, in order; default tune,decode,long):
-#   tune        `locals tune` on MODEL's layer shapes, rows 8,16,4,2 then the rest, each stopped
+#   tune        `locals tune` on MODEL's layer shapes, rows 8,16,32,4,2 then the rest, each stopped
 #               after $TUNE_SECONDS (240) with what it measured saved, so the next parts run tuned;
 #               TUNE_ONLY=qmma,... tries only those candidates (and MLX's op)
 #   decode      batch_decode B = 1..32, locals (tuned) vs locals untuned vs locals with q/k/v and
@@ -15,7 +15,7 @@
 #   parts       step_parts B = 1,4,8: each part of a step in MLX itself (matmuls on mlx-lm's
 #               (B, 1, hidden) input and on the engine's flat one, attention, lm_head, ...)
 #   kernels     step_kernels B = 1,8: the GPU kernels of an engine step and their device time,
-#               under Nsight Compute (ncu on PATH, or NCU=/path/to/ncu)
+#               under Nsight Compute (ncu on PATH, or NCU=/path/to/ncu); KERNEL_BYTES=1 adds DRAM bytes
 #   mixed       mixed_pass: what forced chunks and drafts add to a B = 8 decode pass
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
 #   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
@@ -42,8 +42,8 @@ for part in ${parts//,/ }; do
   echo "== $part"
   case $part in
     tune) # The row counts that matter most first, then the rest, each stopped with what it measured saved.
-      timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 8,16,4,2 ${TUNE_ONLY:+--only $TUNE_ONLY}
-      timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 2-16 ${TUNE_ONLY:+--only $TUNE_ONLY} ;;
+      timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 8,16,32,4,2 ${TUNE_ONLY:+--only $TUNE_ONLY}
+      timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 2-32 ${TUNE_ONLY:+--only $TUNE_ONLY} ;;
     decode) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline --unfused-baseline ;;
     ragged) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
@@ -54,7 +54,7 @@ for part in ${parts//,/ }; do
     profile) timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/step_profile.py --random-model "$model" \
       --batches 1,4,8,32 --tokens 32 --variants locals ;;
     kernels) timeout "${KERNELS_TIMEOUT:-300}" python3 benchmarks/step_kernels.py --random-model "$model" \
-      --batches "${KERNEL_BATCHES:-1,8}" --steps 4 --ncu "${NCU:-ncu}" --timeout 130 ;;
+      --batches "${KERNEL_BATCHES:-1,8}" --steps 4 --ncu "${NCU:-ncu}" --timeout 130 ${KERNEL_BYTES:+--bytes} ;;
     mixed) timeout 120 python3 benchmarks/mixed_pass.py --random-model "$model" --rounds 15 ;;
     long) timeout "${LONG_TIMEOUT:-200}" python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2 ;;
     constraint) timeout "${CONSTRAINT_TIMEOUT:-300}" python3 benchmarks/constraint.py --steps 48 --steps-only \

@@ -7,7 +7,9 @@ stopped from the engine thread). Kernels are grouped by name: count and microsec
 step. If the kernels' summed time is near the step time, the device's work sets the pace
 and the top families are what to cut; if far under, the gaps between kernels (launches,
 the host) do. ncu runs each kernel alone, clocks unlocked, caches left as they are.
-    python benchmarks/step_kernels.py --random-model qwen3-4b --batches 1,8 --steps 4
+`--bytes` also records each kernel's DRAM reads and writes (which copies move how much,
+and the bandwidth each family reaches).
+    python benchmarks/step_kernels.py --random-model qwen3-4b --batches 1,8 --steps 4 [--bytes]
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from benchmarks.common import load_pair, no_eos, prompts, write_results  # noqa:
 from locals.engine.bench import run_locals  # noqa: E402
 
 SKIP_STEPS = 12  # decode steps let pass before the profiled window (prefill, first joins)
+TIME = "gpu__time_duration.sum"
+READ, WRITE = "dram__bytes_read.sum", "dram__bytes_write.sum"
 NCU_ARGS = ["--profile-from-start", "off", "--clock-control", "none", "--cache-control", "none",
-            "--metrics", "gpu__time_duration.sum", "--csv", "--page", "raw"]
+            "--csv", "--page", "raw", "--print-units", "base"]
 
 
 def engine_for(random_model: str):
@@ -96,31 +100,46 @@ def family(name: str) -> str:
     return "".join(out).split("::")[-1].strip() or name[:60]
 
 
+def _number(text: str | None) -> float | None:
+    text = (text or "").replace(",", "")
+    return float(text) if text.replace(".", "", 1).isdigit() else None
+
+
 def summarize(csv_text: str, steps: int) -> dict:
-    """Per kernel family: launches and microseconds per step, largest first."""
+    """Per kernel family: launches and microseconds per step, largest first; with DRAM
+    columns (`--bytes`) also MB read and written per step and the GB/s they come to."""
     lines = [ln for ln in csv_text.splitlines() if ln.startswith('"')]
     rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
     totals, counts = defaultdict(float), defaultdict(int)
+    moved = {READ: defaultdict(float), WRITE: defaultdict(float)}
     for row in rows:
-        value = row.get("gpu__time_duration.sum", "")
-        if not value or not value.replace(".", "").replace(",", "").isdigit():
+        us = _number(row.get(TIME))
+        if us is None:
             continue  # the units row
-        totals[family(row["Kernel Name"])] += float(value.replace(",", "")) / 1e3  # ns -> us
-        counts[family(row["Kernel Name"])] += 1
+        name = family(row["Kernel Name"])
+        totals[name] += us / 1e3  # ns -> us
+        counts[name] += 1
+        for metric, per_family in moved.items():
+            per_family[name] += _number(row.get(metric)) or 0.0
     families = sorted(totals, key=totals.get, reverse=True)
-    return {
-        "kernels_per_step": round(sum(counts.values()) / steps, 1),
-        "device_us_per_step": round(sum(totals.values()) / steps, 1),
-        "families": [{"name": f, "per_step": round(counts[f] / steps, 1),
-                      "us_per_step": round(totals[f] / steps, 1)} for f in families],
-    }
+    out = []
+    for f in families:
+        entry = {"name": f, "per_step": round(counts[f] / steps, 1), "us_per_step": round(totals[f] / steps, 1)}
+        if rows and READ in rows[0]:
+            read, write = moved[READ][f] / steps / 1e6, moved[WRITE][f] / steps / 1e6
+            entry.update(read_mb_per_step=round(read, 2), write_mb_per_step=round(write, 2),
+                         gb_per_s=round((read + write) / max(totals[f] / steps, 1e-9) * 1e3, 1))  # MB/us
+        out.append(entry)
+    return {"kernels_per_step": round(sum(counts.values()) / steps, 1),
+            "device_us_per_step": round(sum(totals.values()) / steps, 1), "families": out}
 
 
 def profile(args, batch: int) -> dict:
     """Run this script's child under ncu at `batch` and summarize its kernels."""
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "kernels.csv")
-        cmd = [args.ncu, *NCU_ARGS, "--log-file", log, sys.executable, __file__, "--child",
+        metrics = ",".join([TIME, READ, WRITE] if args.bytes else [TIME])
+        cmd = [args.ncu, *NCU_ARGS, "--metrics", metrics, "--log-file", log, sys.executable, __file__, "--child",
                "--random-model", args.random_model, "--batch", str(batch), "--steps", str(args.steps),
                "--prompt-len", str(args.prompt_len)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -138,6 +157,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--ncu", default="ncu", help="path to Nsight Compute's command line")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per profiled run")
+    ap.add_argument("--bytes", action="store_true", help="also record each kernel's DRAM bytes read and written")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=8, help=argparse.SUPPRESS)
     args = ap.parse_args()
