@@ -463,7 +463,7 @@ def candidates(backend: str) -> list[QmvKernel]:
     plain = [QmvKernel(backend, r, t) for r in (2, 4) for t in (128, 256)]
     staged = [QmvKernel(backend, 2, t, staged=True) for t in (256, 512)] + [QmvKernel(backend, 4, 256, staged=True)]
     split = [QmvKernel(backend, r, t, split=True) for r in (2, 4) for t in (128, 256)]
-    # Tensor cores: on the H200 (tuning_table-gpu-20261130-qmma.json) 32 columns with 128
+    # Tensor cores: on the H200 (tuning_table-gpu-20261130-150100.json) 32 columns with 128
     # threads won 6 of 60 (shape, rows) cases, by 0.4-4.3% over the next: left out.
     tensor = [QmvKernel(backend, r, t, tensor=True, unroll=u)
               for r, t, u in ((16, 128, 1), (16, 256, 1), (32, 256, 1), (16, 128, 2), (16, 256, 2), (16, 512, 1))]

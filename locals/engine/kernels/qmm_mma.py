@@ -13,9 +13,8 @@ lane (g, t) = (lane / 4, lane % 4) loads 16 bytes (32 values) of weight columns 
 g + 8 at k = 32·t .. 32·t + 31, and the same 32 values of batch rows g, g + 8, … (one per
 8-row tile: 1, 2 or 4 tiles). The dot product does not depend on the order of k, so each
 mma's 16 k positions are the lane's own values, paired as the dequantization trick leaves
-them: `word & 0x000F000F`
-holds nibbles 0 and 4, `>> 4` nibbles 1 and 5, and so on; x's pairs are rearranged to
-match with one byte-permute each. The next chunk's loads are issued before this chunk's
+them: `word & 0x000F000F` holds nibbles 0 and 4, `>> 4` nibbles 1 and 5, and so on; x's
+pairs are rearranged to match with one byte-permute each. The next chunk's loads are issued before this chunk's
 arithmetic (two register stages of U chunks each: more bytes in flight per warp).
 """
 
