@@ -211,6 +211,29 @@ def test_batch_rows_with_several_tokens_attend_in_one_call_per_layer(tiny_llama,
         assert mx.allclose(out[i], _plain_last_logits(model, s + [60]), atol=1e-4)
 
 
+def test_kv_write_indices_are_int32_and_full_shape(tiny_llama, monkeypatch):
+    # Mixed index dtypes make MLX cast to a common one (two casts per scatter, kernels on a
+    # GPU), and indices that need broadcasting add Broadcast ops to every layer's write.
+    model = tiny_llama.model
+    batch = DecodeBatch(len(model.layers))
+    kvs = [RowKV(len(model.layers), batch) for _ in range(3)]
+    forward(model, [RowInput(mx.array([3, 4, 5, 6][: n + 2]), n + 2, kv, False) for n, kv in enumerate(kvs)])
+    forward(model, [RowInput(mx.array([8]), 1, kv, False) for kv in kvs])  # the rows join the batch
+    assert all(kv.resident for kv in kvs) and [kv.offset for kv in kvs] == [3, 4, 5]
+    seen = []
+    write = DecodeBatch.write
+    monkeypatch.setattr(DecodeBatch, "write", lambda self, li, index, k, v: seen.append((index, k.shape))
+                        or write(self, li, index, k, v))
+    counts = (1, 3, 2)
+    forward(model, [RowInput(mx.array([7] * n), n, kv, True, logits=n) for n, kv in zip(counts, kvs)])
+    assert len(seen) == len(model.layers)
+    for index, k_shape in seen:
+        assert [part.dtype for part in index] == [mx.int32] * 3
+        assert all(part.shape == (sum(counts), k_shape[1], 1) for part in index)
+    slots, _heads, positions = (np.array(part[:, 0, 0]) for part in seen[0][0])
+    assert slots.tolist() == [0, 1, 1, 1, 2, 2] and positions.tolist() == [3, 4, 5, 6, 5, 6]
+
+
 def test_compiled_layers_are_traced_again_when_modules_or_kernel_mode_change(tiny_llama):
     from locals.engine.kernels import mlx_ops_only
     from locals.engine.kernels.registry import modules_swapped

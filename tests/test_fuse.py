@@ -143,3 +143,24 @@ def test_joined_matmuls_run_up_to_4_tokens_on_cuda_and_for_every_pass_elsewhere(
     assert fwd._default_joined_limits() == {"fused_qkv": 4, "fused_gate_up": 4}
     FakeCuda.available = False
     assert fwd._default_joined_limits()["fused_qkv"] > 1 << 20
+
+
+def test_rope_gets_int32_offsets_so_no_cast_per_call(monkeypatch):
+    # mx.fast.rope casts offsets of any other dtype to int32: one cast op per call (numpy's
+    # default int64 positions cost two a layer, kernels on a GPU).
+    from locals.engine.forward import CompiledBlocks
+
+    real, seen = mx.fast.rope, []
+
+    def recording(x, dims, **kwargs):
+        seen.append(kwargs["offset"].dtype)
+        return real(x, dims, **kwargs)
+
+    monkeypatch.setattr(mx.fast, "rope", recording)
+    model = _qwen3(False)
+    rows = [RowInput(tokens=mx.array([5, 17, 42], dtype=mx.int32), n=3, kv=RowKV(len(model.model.layers)),
+                     sample=True)]
+    mx.eval(forward(model, rows))  # a prompt chunk, plain
+    rows[0] = RowInput(tokens=mx.array([7], dtype=mx.int32), n=1, kv=rows[0].kv, sample=True)
+    mx.eval(forward(model, rows, CompiledBlocks()))  # a decode step, through the compiled seams
+    assert len(seen) >= 4 * len(model.model.layers) and set(seen) == {mx.int32}, seen

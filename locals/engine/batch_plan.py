@@ -49,12 +49,15 @@ class BatchPlan:
         # Every member in the pass, in slot order (the usual case): plain slices, no gather.
         self.slots = None if slots == list(range(len(batch.members))) else mx.array(slots)
         # One scatter entry per new token: its row's slot and its position (the row's length
-        # plus the token's place among the row's new ones).
-        starts = np.cumsum(counts) - counts
+        # plus the token's place among the row's new ones). All int32 (numpy's cumsum makes
+        # int64, and MLX casts mixed index dtypes to a common one: two casts a scatter) and
+        # already broadcast to (tokens, kv_heads, 1) (three Broadcast ops fewer a scatter).
+        starts = (np.cumsum(counts) - counts).astype(np.int32)
         within = np.arange(self.tokens, dtype=np.int32) - np.repeat(starts, counts)
-        heads = np.arange(batch.keys[0].shape[1], dtype=np.int32)[None, :, None]
-        self.index = (mx.array(np.repeat(np.asarray(slots, np.int32), counts)[:, None, None]), mx.array(heads),
-                      mx.array((np.repeat(lengths, counts) + within)[:, None, None]))
+        index = np.broadcast_arrays(np.repeat(np.asarray(slots, np.int32), counts)[:, None, None],
+                                    np.arange(batch.keys[0].shape[1], dtype=np.int32)[None, :, None],
+                                    (np.repeat(lengths, counts) + within)[:, None, None])
+        self.index = tuple(mx.array(np.ascontiguousarray(part, dtype=np.int32)) for part in index)
         self.width = int(counts.max())
         if self.width == 1:
             self.gather = self.scatter = None

@@ -89,8 +89,11 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
     for r in order:
         spans[id(r)] = (start, r.n)
         start += r.n
-    # Each token's position in its own sequence, for one RoPE call over all rows.
-    positions = mx.array(np.concatenate([np.arange(r.kv.offset, r.kv.offset + r.n) for r in order]))
+    # Each token's position in its own sequence, for one RoPE call over all rows. int32:
+    # mx.fast.rope casts any other offset dtype to it, a cast per call (numpy's default
+    # int64 cost two casts a layer).
+    positions = mx.array(np.concatenate([np.arange(r.kv.offset, r.kv.offset + r.n, dtype=np.int32)
+                                         for r in order]))
     others = order[len(plan.rows):]  # prompt chunks on their own caches
     layers = inner.layers
     seams = compiled.seams(layers) if compiled is not None and start <= COMPILE_MAX_TOKENS else None
