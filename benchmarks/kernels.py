@@ -21,19 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlx.core as mx  # noqa: E402
 
 from benchmarks.common import interleaved, summary, write_results  # noqa: E402
+from locals.cli.tune import _parse_rows  # noqa: E402  (the same "1-16" / "1,2,8-16" as `locals tune --rows`)
 from locals.engine.kernels.reference import cold_problems, quantized_matmul, rotating  # noqa: E402
 from locals.engine.kernels.tuning import MLX_OP, current_chip, default_candidates  # noqa: E402
 from locals.engine.kernels.verify import default_cases, passes, verify  # noqa: E402
 
 SHAPES = ((9728, 2560), (2560, 9728), (2560, 2560))
-
-
-def _parse_rows(text: str) -> list[int]:
-    rows = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        rows += range(int(lo), int(hi or lo) + 1)
-    return rows
 
 
 def _verified(candidates, bits: int, group: int, dtype) -> tuple[list, dict]:

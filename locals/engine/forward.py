@@ -90,8 +90,7 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
         spans[id(r)] = (start, r.n)
         start += r.n
     # Each token's position in its own sequence, for one RoPE call over all rows. int32:
-    # mx.fast.rope casts any other offset dtype to it, a cast per call (numpy's default
-    # int64 cost two casts a layer).
+    # mx.fast.rope casts offsets of any other dtype (numpy's default int64) on every call.
     positions = mx.array(np.concatenate([np.arange(r.kv.offset, r.kv.offset + r.n, dtype=np.int32)
                                          for r in order]))
     others = order[len(plan.rows):]  # prompt chunks on their own caches

@@ -429,19 +429,16 @@ class QmvKernel:
         rows = math.prod(lead)
         n = w.shape[0]
         x2 = x.reshape(rows, k)
-        template = [("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
-                    ("BITS", bits), ("GS", group_size)]
         if self.tensor:  # one block per R columns; 8-row tiles, so three compiles in all
             bucket = 8 if rows <= 8 else (16 if rows <= 16 else 32)
             template = [("T", x.dtype), ("MB", bucket), ("NC", self.cols_per_warp // 16),
                         ("NT", self.threads), ("GS", group_size), ("F16", x.dtype == mx.float16),
                         ("U", self.unroll)]
-            grid = -(-n // self.cols_per_warp) * self.threads
-        elif self.split:  # one block per R columns
-            template.append(("NT", self.threads))
-            grid = -(-n // self.cols_per_warp) * self.threads
-        else:  # one warp per R columns
-            grid = -(-n // self.cols_per_warp) * 32
+        else:
+            template = [("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
+                        ("BITS", bits), ("GS", group_size)] + ([("NT", self.threads)] if self.split else [])
+        # One block per R columns (split, tensor), or one warp per R columns.
+        grid = -(-n // self.cols_per_warp) * (self.threads if self.split or self.tensor else 32)
         out = _kernel(self.backend, self.variant)(
             inputs=[x2, w, scales, biases], template=template,
             grid=(grid, 1, 1), threadgroup=(self.threads, 1, 1),
