@@ -1,5 +1,7 @@
 """Joined q/k/v and gate/up matmuls (locals/engine/fuse.py) against the parts, per batch size:
-engine decode tok/s with each of `forward.JOINED_MAX_TOKENS`'s settings, interleaved rounds.
+engine decode tok/s with each of `forward.JOINED_MAX_TOKENS`'s settings, with the fused
+kernels (kernels/fused.py: q/k norm + RoPE, add + norm; where attached) and with MLX's ops for
+them ("-mlx-ops"), interleaved rounds.
 
     python benchmarks/joined_matmuls.py --random-model qwen3-4b --batches 1,4,8,16 --separate
 """
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -16,22 +19,27 @@ from benchmarks.common import interleaved, load_pair, no_eos, prompts, summary, 
 from locals.engine import forward  # noqa: E402
 from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.bench import run_locals  # noqa: E402
+from locals.engine.kernels.fused import mlx_ops  # noqa: E402
 
 ALWAYS, NEVER = 1 << 30, 0
-# name -> (q/k/v joined up to this many tokens a pass, gate/up joined up to)
+# name -> (q/k/v joined up to this many tokens a pass, gate/up joined up to, fused kernels)
 VARIANTS = {
-    "joined": (ALWAYS, ALWAYS),
-    "joined-4-tokens": (4, 4),
-    "parts": (NEVER, NEVER),
+    "joined": (ALWAYS, ALWAYS, True),
+    "joined-4-tokens": (4, 4, True),
+    "parts": (NEVER, NEVER, True),
+    "joined-mlx-ops": (ALWAYS, ALWAYS, False),
+    "joined-4-tokens-mlx-ops": (4, 4, False),
 }
 
 
-def with_setting(engine, setting: tuple[int, int], ps, tokens: int) -> dict:
-    """One batch through `engine` with the joined matmuls used up to `setting` tokens a pass."""
+def with_setting(engine, setting: tuple[int, int, bool], ps, tokens: int) -> dict:
+    """One batch through `engine` with the joined matmuls used up to `setting` tokens a pass,
+    and the fused kernels or MLX's ops for them."""
     saved = dict(forward.JOINED_MAX_TOKENS)
     forward.JOINED_MAX_TOKENS.update(fused_qkv=setting[0], fused_gate_up=setting[1])
     try:
-        return run_locals(engine, ps, tokens)
+        with nullcontext() if setting[2] else mlx_ops():
+            return run_locals(engine, ps, tokens)
     finally:
         forward.JOINED_MAX_TOKENS.update(saved)
 
@@ -61,7 +69,8 @@ def main() -> None:
         separate = Engine(no_eos(load_pair(args.random_model)[0]),
                           EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False, fuse_projections=False))
         separate.start()
-    print(f"locals: {engine.fused_groups} groups joined, {engine.patched_layers} layers use tuned kernels", flush=True)
+    print(f"locals: {engine.fused_groups} groups joined, {engine.patched_layers} layers use tuned kernels, "
+          f"fused kernels in {engine.fused_kernel_layers} layers", flush=True)
     rows, path = [], None
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
@@ -76,7 +85,8 @@ def main() -> None:
             print(f"B={batch:3d}  " + "  ".join(f"{n}: {row[n]['decode_tps']['median']:.1f}" for n in res), flush=True)
             path = write_results("joined_matmuls", {"model": label, "tokens": args.tokens, "rounds": args.rounds,
                                                     "variants": VARIANTS, "rows": rows, "argv": sys.argv[1:],
-                                                    "tuned_layers": engine.patched_layers}, path)
+                                                    "tuned_layers": engine.patched_layers,
+                                                    "fused_kernel_layers": engine.fused_kernel_layers}, path)
     finally:
         for e in (engine, separate):
             if e is not None:

@@ -15,10 +15,10 @@ from locals.engine.kernels.tuning import model_problems
 from locals.engine.kv import RowKV, kv_bytes_per_token
 
 
-def _qwen3(quantize: bool, seed: int = 3):
+def _qwen3(quantize: bool, seed: int = 3, head_dim: int = 32):
     mx.random.seed(seed)
     args = qwen3.ModelArgs(model_type="qwen3", hidden_size=128, num_hidden_layers=2, intermediate_size=192,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, rms_norm_eps=1e-6,
                            vocab_size=300, max_position_embeddings=512, rope_theta=10000.0,
                            tie_word_embeddings=True)
     model = qwen3.Model(args)
@@ -129,7 +129,7 @@ def test_passes_longer_than_the_setting_run_the_parts(monkeypatch):
         assert calls == ([n, n] if n <= 3 else [])  # layer 0's joined q/k/v and gate/up, or neither
 
 
-def test_joined_matmuls_run_up_to_4_tokens_on_cuda_and_for_every_pass_elsewhere(monkeypatch):
+def test_joined_matmuls_run_every_pass_but_qkv_without_the_head_kernel_on_cuda(monkeypatch):
     from locals.engine import forward as fwd
 
     class FakeCuda:
@@ -140,9 +140,41 @@ def test_joined_matmuls_run_up_to_4_tokens_on_cuda_and_for_every_pass_elsewhere(
             return cls.available
 
     monkeypatch.setattr(mx, "cuda", FakeCuda, raising=False)
-    assert fwd._default_joined_limits() == {"fused_qkv": 4, "fused_gate_up": 4}
+    monkeypatch.delenv("LOCALS_JOINED_MAX_TOKENS", raising=False)
+    assert min(fwd._default_joined_limits().values()) > 1 << 20
+    assert fwd._unfused_qkv_limit() == 4
     FakeCuda.available = False
-    assert fwd._default_joined_limits()["fused_qkv"] > 1 << 20
+    assert fwd._unfused_qkv_limit() > 1 << 20
+    monkeypatch.setenv("LOCALS_JOINED_MAX_TOKENS", "2")
+    assert fwd._default_joined_limits() == {"fused_qkv": 2, "fused_gate_up": 2}
+
+
+def test_qkv_joins_past_the_unfused_limit_only_with_the_head_kernel(monkeypatch):
+    from locals.engine import forward as fwd
+    from locals.engine.kernels.headprep import HeadPrep, reference, spec_of
+
+    class OpsHeadPrep(HeadPrep):
+        def __call__(self, q_src, k_src, q_off, k_off, q_weight, k_weight, positions):
+            s = self.spec
+            return reference(q_src[:, q_off:q_off + s.heads * s.head_dim],
+                             k_src[:, k_off:k_off + s.kv_heads * s.head_dim], s, q_weight, k_weight, positions)
+
+    model = _qwen3(False, head_dim=64)
+    fuse_projections(model)
+    monkeypatch.setattr(fwd, "UNFUSED_QKV_MAX_TOKENS", 2)
+    attn = model.model.layers[0].self_attn
+    joined = []
+    real = type(attn.fused_qkv).__call__
+    monkeypatch.setattr(type(attn.fused_qkv), "__call__",
+                        lambda self, x: (joined.append(x.shape[0]) if self is attn.fused_qkv else None) or real(self, x))
+    rows = lambda: [RowInput(tokens=mx.array([5, 17, 42], dtype=mx.int32), n=3,  # noqa: E731
+                             kv=RowKV(len(model.model.layers)), sample=True)]
+    mx.eval(forward(model, rows()))
+    assert joined == []  # 3 tokens > 2: the parts
+    for layer in model.model.layers:
+        layer.self_attn.head_prep = OpsHeadPrep("cpu", spec_of(layer.self_attn), mx.float32)
+    mx.eval(forward(model, rows()))
+    assert joined == [3]
 
 
 def test_rope_gets_int32_offsets_so_no_cast_per_call(monkeypatch):

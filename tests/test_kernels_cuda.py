@@ -6,7 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from locals.engine.kernels import qmm
+from locals.engine.kernels import addnorm, fused, headprep, qmm
 from locals.engine.kernels.registry import TunedQuantizedLinear, patch_model
 from locals.engine.kernels.tuning import MLX_OP, TuningTable, current_chip, kernels_tag, model_problems
 from locals.engine.kernels.verify import default_cases, passes, verify
@@ -34,9 +34,11 @@ def _id(item):
 @pytest.mark.parametrize("item", MATRIX, ids=_id)
 def test_cuda_candidate_matches_reference(item):
     kernel, bits, group, dtype = item
-    verdicts = verify(kernel, default_cases(bits, group, dtype), stop_at_first_failure=False)
+    cases = default_cases(bits, group, dtype)
+    verdicts = verify(kernel, cases, stop_at_first_failure=False)
     assert passes(verdicts), [f"{v.case.describe()}: {v.reason}" for v in verdicts if not v.ok]
-    assert len(verdicts) == len(default_cases(bits, group, dtype))
+    # Every case of a row count the kernel takes ran (1-16 rows, or 17-32 for the wide ones).
+    assert len(verdicts) == sum(kernel.supports(c.rows, bits, group, dtype, dtype) for c in cases) >= 4
 
 
 def test_kernel_asking_too_much_of_the_chip_is_rejected_not_fatal():
@@ -71,3 +73,56 @@ def test_patched_model_uses_cuda_kernel_and_matches():
     wide = mx.random.normal((20, 320)).astype(mx.bfloat16)  # 20 rows: not tuned, MLX's op
     assert table.choice(model_problems(model)[0].key, 20) == MLX_OP
     assert mx.array_equal(model.layers[0](wide), nn.QuantizedLinear.__call__(model.layers[0], wide))
+
+
+HEAD_SPECS = [
+    # Qwen3-4B: q/k norms, 32 query and 8 key/value heads of 128.
+    (headprep.HeadSpec(32, 8, 128, True, 1e-6, False, 1e6, 1.0), (mx.bfloat16, mx.float16, mx.float32)),
+    # SmolLM2-like: no norms, heads of 64 (one warp a head), odd head counts.
+    (headprep.HeadSpec(9, 3, 64, False, 0.0, False, 1e4, 1.0), (mx.bfloat16,)),
+    # Traditional pairs, heads of 256 (four warps a head), a RoPE scale.
+    (headprep.HeadSpec(4, 2, 256, True, 1e-5, True, 1e4, 0.5), (mx.float16,)),
+]
+
+
+@pytest.mark.parametrize("spec,dtype", [(s, d) for s, ds in HEAD_SPECS for d in ds],
+                         ids=lambda v: str(v).rsplit(".", 1)[-1] if isinstance(v, mx.Dtype) else f"d{v.head_dim}")
+def test_cuda_head_prep_matches_reference(spec, dtype):
+    assert headprep.verified(headprep.HeadPrep("cuda", spec, dtype)) == ""
+
+
+@pytest.mark.parametrize("width,eps,dtype", [(2560, 1e-6, mx.bfloat16), (576, 1e-5, mx.float16), (97, 1e-5, mx.float32)])
+def test_cuda_add_norm_matches_reference(width, eps, dtype):
+    assert addnorm.verified(addnorm.AddNorm("cuda", width, eps, dtype)) == ""
+
+
+def test_model_with_fused_kernels_matches_mlx_ops():
+    from mlx_lm.models import qwen3
+
+    from locals.engine.forward import CompiledBlocks, RowInput, forward
+    from locals.engine.fuse import fuse_projections
+    from locals.engine.kv import RowKV
+
+    mx.random.seed(7)
+    args = qwen3.ModelArgs(model_type="qwen3", hidden_size=512, num_hidden_layers=2, intermediate_size=1024,
+                           num_attention_heads=8, num_key_value_heads=2, head_dim=128, rms_norm_eps=1e-6,
+                           vocab_size=1000, max_position_embeddings=4096, rope_theta=1e6, tie_word_embeddings=True)
+    model = qwen3.Model(args)
+    model.set_dtype(mx.bfloat16)
+    nn.quantize(model, group_size=64, bits=4)
+    fuse_projections(model)
+
+    def run():
+        kv = [RowKV(2) for _ in range(3)]
+        prompts = [mx.array(list(range(3 + 5 * i, 20 + 5 * i)), dtype=mx.int32) for i in range(3)]
+        out = [forward(model, [RowInput(p, p.size, c, True) for p, c in zip(prompts, kv)])]
+        for step in range(2):
+            rows = [RowInput(mx.array([11 + step + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
+            out.append(forward(model, rows, CompiledBlocks()))
+        return [o.astype(mx.float32) for o in out]
+
+    expected = run()
+    assert fused.attach(model, "cuda") == {"heads": 2, "norms": 2}
+    got = run()
+    for g, e in zip(got, expected):
+        assert (mx.abs(g - e).max() / mx.abs(e).max()).item() < 3e-2

@@ -71,6 +71,24 @@ def _patch_kernels(loaded) -> int:
         return 0
 
 
+def _fuse_kernels(loaded) -> dict[str, int]:
+    """On GPUs, give layers the fused kernels (q/k norm + RoPE, add + norm) that verify here."""
+    kind = getattr(getattr(loaded, "backend", None), "kind", "cpu")
+    if kind == "cpu":
+        return {}
+    try:
+        from locals.engine.kernels import fused
+        from locals.engine.kernels.registry import modules_swapped
+
+        attached = fused.attach(loaded.model, kind)
+        if any(attached.values()):
+            modules_swapped()  # compiled graphs traced without them
+        return attached
+    except Exception:  # an optimisation: MLX's own ops serve without them
+        log.exception("fused kernels not applied")
+        return {}
+
+
 class Engine:
     """Continuous batching over one loaded model."""
 
@@ -83,6 +101,7 @@ class Engine:
         # Before tuning: the tuned layers are the joined ones.
         self.fused_groups = fuse_projections(self.model) if self.config.fuse_projections else 0
         self.patched_layers = _patch_kernels(loaded) if self.config.tuned_kernels else 0
+        self.fused_kernel_layers = _fuse_kernels(loaded) if self.config.tuned_kernels else {}
         self.tokenizer = loaded.tokenizer
         self.kv_budget = self.config.resolved_kv_budget()
         self.bytes_per_token = kv_bytes_per_token(self.model)
@@ -207,6 +226,7 @@ class Engine:
             weights_bytes=int(getattr(self.loaded, "weights_bytes", 0) or 0),
             steps=c.steps,
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
+                   "fused_kernel_layers": self.fused_kernel_layers,
                    "tuning_left": int(getattr(self.idle_work, "left", 0) or 0),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
                    "taken_back_tokens": c.taken_back_total, "masks_after_steps": c.masks_after_total,

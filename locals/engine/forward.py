@@ -18,6 +18,7 @@ from mlx_lm.models.activations import swiglu
 
 from locals.engine.batch_plan import BatchPlan
 from locals.engine.fuse import split_sizes
+from locals.engine.kernels.fused import active as fused_active
 from locals.engine.kernels.registry import bypassed, swap_count
 from locals.engine.kv import RowKV
 from locals.engine.rowfeed import RowOf, join_rows
@@ -29,20 +30,29 @@ def _default_joined_limits() -> dict[str, int]:
     """Up to how many tokens a pass runs a layer's joined matmuls (fuse.py); longer ones run
     the parts, views of the same weights (benchmarks/joined_matmuls.py compares settings).
 
-    CUDA: 4. On the H200 (random 4-bit Qwen3-4B, one engine, interleaved rounds) joined beat
-    the parts at B = 4 in every run (414 vs 312, 443 vs 345 tok/s) and lost at B = 8 in all
-    three (719 vs 751, 743 vs 805, 729 vs 781): with several rows the q/k/v outputs are
-    strided slices and the step ran 6 more copy kernels a layer (ncu), while MLX's CUDA
-    graph already runs independent matmuls side by side. Elsewhere: every pass. Nothing has
-    measured otherwise there (the CPU's dense path runs the same either way), and tuning
-    covers the joined shapes at every row count, the parts at none."""
-    cuda = getattr(mx, "cuda", None)
-    limit = 4 if cuda is not None and cuda.is_available() else 1 << 30
-    limit = int(os.environ.get("LOCALS_JOINED_MAX_TOKENS", limit))  # for benchmarks
+    Every pass, on every backend. With the fused q/k kernel (kernels/headprep.py) joining won at
+    every batch size on the H200 (random 4-bit Qwen3-4B, one engine, 3 interleaved rounds,
+    joined_matmuls-gpu-20261130-181439.json): B = 8 1600 tok/s joined vs 1234 joined up to
+    4 tokens vs 1200 parts; B = 16 2818 vs 2115 vs 2245. Without it see
+    `UNFUSED_QKV_MAX_TOKENS`."""
+    limit = int(os.environ.get("LOCALS_JOINED_MAX_TOKENS", 1 << 30))  # for benchmarks
     return {"fused_qkv": limit, "fused_gate_up": limit}
 
 
+def _unfused_qkv_limit() -> int:
+    """Up to how many tokens a pass joins q/k/v where the fused q/k kernel is not in use.
+
+    CUDA: 4. There MLX's rms_norm copies the strided q/k slices of a joined output of several
+    rows, and RoPE copies strided 4-D inputs: on the H200 without the fused kernel, joined lost
+    to the parts at B = 8 in all three runs (719 vs 751, 743 vs 805, 729 vs 781 tok/s; 6 more
+    copy kernels a layer under ncu) and won at B = 4 (414 vs 312, 443 vs 345). Elsewhere every
+    pass: nothing has measured otherwise there (the CPU's dense path runs the same either way)."""
+    cuda = getattr(mx, "cuda", None)
+    return 4 if cuda is not None and cuda.is_available() else 1 << 30
+
+
 JOINED_MAX_TOKENS = _default_joined_limits()
+UNFUSED_QKV_MAX_TOKENS = _unfused_qkv_limit()
 
 
 @dataclass
@@ -97,9 +107,11 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
     layers = inner.layers
     seams = compiled.seams(layers) if compiled is not None and start <= COMPILE_MAX_TOKENS else None
     if seams is None:
+        m = None
         for li, layer in enumerate(layers):
-            q, k, v = _project(layer, h, positions)
-            h = _finish(layer, h, _attend(layer.self_attn, q, k, v, plan, others, spans, li))
+            h, q, k, v = _project(layer, h, positions, m)
+            h, m = _finish(layer, h, _attend(layer.self_attn, q, k, v, plan, others, spans, li))
+        h = h + m
     else:
         q, k, v = seams[0](h, positions)
         for li, layer in enumerate(layers):
@@ -117,16 +129,28 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
     return _lm_head(model, h)
 
 
-def _project(layer, h: mx.array, positions: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-    """The layer's input norm, q/k/v projections, q/k norms and RoPE for every token of the pass:
-    q (T, heads, 1, dim), k/v (T, kv_heads, 1, dim), the layout decode attention takes as is."""
+def _project(layer, h: mx.array, positions: mx.array, m: mx.array | None = None) -> tuple[mx.array, ...]:
+    """The residual stream h (+ the last layer's MLP output m), then the layer's input norm,
+    q/k/v projections, q/k norms and RoPE for every token of the pass: h, q (T, heads, 1, dim),
+    k/v (T, kv_heads, 1, dim), the layout decode attention takes as is."""
     attn = layer.self_attn
-    x = layer.input_layernorm(h)
+    h, x = (h, layer.input_layernorm(h)) if m is None else _add_norm(layer.input_layernorm, h, m)
     total = x.shape[0]
-    if "fused_qkv" in attn and total <= JOINED_MAX_TOKENS["fused_qkv"]:  # one matmul for q, k and v (fuse.py)
-        q, k, v = mx.split(attn.fused_qkv(x), split_sizes(attn, "fused_qkv"), axis=-1)
+    prep = _fused(attn, "head_prep", x)
+    limit = JOINED_MAX_TOKENS["fused_qkv"] if prep is not None else min(JOINED_MAX_TOKENS["fused_qkv"],
+                                                                         UNFUSED_QKV_MAX_TOKENS)
+    if "fused_qkv" in attn and total <= limit:  # one matmul for q, k and v (fuse.py)
+        qkv = attn.fused_qkv(x)
+        cuts = split_sizes(attn, "fused_qkv")
+        if prep is not None:  # norms and RoPE read q and k in place, in one kernel (headprep.py)
+            q, k = prep(qkv, qkv, 0, cuts[0], *_norm_weights(attn), positions)
+            return h, q, k, qkv[:, cuts[1]:].reshape(total, attn.n_kv_heads, 1, -1)
+        q, k, v = mx.split(qkv, cuts, axis=-1)
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        if prep is not None:
+            q, k = prep(q, k, 0, 0, *_norm_weights(attn), positions)
+            return h, q, k, v.reshape(total, attn.n_kv_heads, 1, -1)
     q = q.reshape(total, attn.n_heads, -1)
     k = k.reshape(total, attn.n_kv_heads, -1)
     v = v.reshape(total, attn.n_kv_heads, -1)
@@ -135,19 +159,42 @@ def _project(layer, h: mx.array, positions: mx.array) -> tuple[mx.array, mx.arra
     # RoPE with one batch entry per token, each at its own offset.
     q = attn.rope(q[:, :, None, :], offset=positions)
     k = attn.rope(k[:, :, None, :], offset=positions)
-    return q, k, v[:, :, None, :]
+    return h, q, k, v[:, :, None, :]
 
 
-def _finish(layer, h: mx.array, o: mx.array) -> mx.array:
-    """The attention output projection and residual, then the MLP block and its residual;
-    o (T, heads, 1, dim)."""
-    h = h + layer.self_attn.o_proj(o.reshape(o.shape[0], -1))
-    x = layer.post_attention_layernorm(h)
+def _fused(module, name: str, x: mx.array):
+    """The fused kernel attached to `module` as `name` (kernels/fused.py), or None: none
+    attached, MLX's ops asked for, or x not in the dtype it verified in."""
+    kernel = getattr(module, name, None)
+    if kernel is None or bypassed() or not fused_active() or x.dtype != kernel.dtype:
+        return None
+    return kernel
+
+
+def _add_norm(norm, h: mx.array, delta: mx.array) -> tuple[mx.array, mx.array]:
+    """h + delta and its norm: one kernel where attached (kernels/addnorm.py)."""
+    kernel = _fused(norm, "add_norm", h)
+    if kernel is not None:
+        return kernel(h, delta, norm.weight)
+    h = h + delta
+    return h, norm(h)
+
+
+def _norm_weights(attn) -> tuple[mx.array | None, mx.array | None]:
+    if getattr(attn, "q_norm", None) is None:
+        return None, None
+    return attn.q_norm.weight, attn.k_norm.weight
+
+
+def _finish(layer, h: mx.array, o: mx.array) -> tuple[mx.array, mx.array]:
+    """The attention output projection and residual, then the MLP block: the residual stream
+    and the MLP's output, which the next layer's input norm adds (`_project`); o (T, heads, 1, dim)."""
+    h, x = _add_norm(layer.post_attention_layernorm, h, layer.self_attn.o_proj(o.reshape(o.shape[0], -1)))
     mlp = layer.mlp
     if "fused_gate_up" in mlp and x.shape[0] <= JOINED_MAX_TOKENS["fused_gate_up"]:  # one matmul (fuse.py)
         gate, up = mx.split(mlp.fused_gate_up(x), 2, axis=-1)
-        return h + mlp.down_proj(swiglu(gate, up))
-    return h + mlp(x)
+        return h, mlp.down_proj(swiglu(gate, up))
+    return h, mlp(x)
 
 
 def _attend(attn, q: mx.array, k: mx.array, v: mx.array, plan: BatchPlan, others: list[RowInput], spans,
@@ -209,7 +256,7 @@ class CompiledBlocks:
     per layer boundary instead of two (a call costs ~20 µs of host time on a 2-core x86 VM). A
     compiled graph captures the modules as they were when traced, so the lists are keyed
     by the registry's swap count (tuned-kernel patching bumps it), whether tuned kernels
-    are bypassed and `JOINED_MAX_TOKENS`; each distinct token count is traced once per key. The owner drops it (and
+    are bypassed, whether fused kernels are on (kernels/fused.py) and `JOINED_MAX_TOKENS`; each distinct token count is traced once per key. The owner drops it (and
     collects) before MLX shuts down: compiled graphs freed during interpreter exit may
     abort the process.
     """
@@ -218,7 +265,7 @@ class CompiledBlocks:
         self._seams: dict[tuple, list] = {}
 
     def seams(self, layers: list) -> list:
-        key = (id(layers), swap_count(), bypassed(), tuple(JOINED_MAX_TOKENS.values()))
+        key = (id(layers), swap_count(), bypassed(), fused_active(), tuple(JOINED_MAX_TOKENS.values()))
         fns = self._seams.get(key)
         if fns is None:
             # Graphs of modules swapped out since are never used again: drop them.
@@ -230,16 +277,17 @@ class CompiledBlocks:
 def _compile_seams(layers: list) -> list:
     """Compiled (not yet traced) functions for each boundary between attention calls."""
     def first(h, positions):
-        return _project(layers[0], h, positions)
+        return _project(layers[0], h, positions)[1:]
 
     def between(before, after):
         def seam(h, o, positions):
-            h = _finish(before, h, o)
-            return (h, *_project(after, h, positions))
+            h, m = _finish(before, h, o)
+            return _project(after, h, positions, m)
         return seam
 
     def last(h, o):
-        return _finish(layers[-1], h, o)
+        h, m = _finish(layers[-1], h, o)
+        return h + m
 
     inner = [between(a, b) for a, b in zip(layers[:-1], layers[1:])]
     return [mx.compile(f) for f in (first, *inner, last)]

@@ -43,7 +43,8 @@ class EngineConfig:
     # without a request: agents send their next turn within moments of a reply.
     idle_work_after_s: float = 5.0
     # Route small-batch quantized matmuls to this chip's tuned kernels (and tune them while
-    # idle on an untuned GPU); False keeps MLX's own ops everywhere.
+    # idle on an untuned GPU), and use the fused norm/RoPE/residual kernels that verify on it;
+    # False keeps MLX's own ops everywhere.
     tuned_kernels: bool = True
     # Join each layer's q/k/v and gate/up linears into one matmul each (fuse.py): three
     # kernels fewer per layer. False leaves the model's modules as loaded.

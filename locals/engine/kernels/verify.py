@@ -67,6 +67,18 @@ def _relative_error(got: mx.array, truth: mx.array, scale: float) -> float:
     return (mx.abs(got.astype(mx.float32) - truth).max() / scale).item()
 
 
+def compare(got: mx.array, truth: mx.array, dtype) -> str:
+    """"" when `got` has truth's shape, is `dtype`, finite, and within the dtype's allowance of
+    the float32 `truth` (relative to its largest value); otherwise why not. For the fused
+    kernels (headprep.py, addnorm.py), whose outputs are not matmuls."""
+    if tuple(got.shape) != tuple(truth.shape) or got.dtype != dtype:
+        return f"shape/dtype {tuple(got.shape)} {got.dtype} != {tuple(truth.shape)} {dtype}"
+    if not mx.all(mx.isfinite(got)).item():
+        return "non-finite output"
+    error = _relative_error(got, truth, max(mx.abs(truth).max().item(), 1e-6))
+    return "" if error <= ERROR_LIMIT[dtype] else f"error {error:.2e} > {ERROR_LIMIT[dtype]:.2e}"
+
+
 def check(candidate, case: Case) -> Verdict:
     """Run `candidate` on one fresh random problem and compare it with the float32 truth."""
     x, w, scales, biases = random_problem(case.rows, case.n, case.k, case.bits, case.group_size, case.dtype)

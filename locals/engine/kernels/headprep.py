@@ -1,0 +1,308 @@
+"""Fused q/k head preparation: RMSNorm (Qwen3's q_norm/k_norm, when the model has them) and
+RoPE for every query and key head of a pass, in one kernel.
+
+MLX runs this as up to six kernels a layer: two norms, two RoPEs, and on CUDA two copies,
+because the q and k slices of a joined q/k/v output are strided and MLX's CUDA rms_norm
+copies inputs that are not contiguous (72 `copy_g_nd` in an H200 B = 8 step,
+step_kernels-gpu-20261130-152042.json). The kernel reads q and k where they lie (one
+joined output at two column offsets, or two separate outputs) and writes them in the
+layout decode attention takes, (T, heads, 1, dim).
+
+One threadgroup per (token, head), one thread per rotated pair: the pair's two values are
+normalized with the head's sum of squares, rounded to the dtype as MLX's norm rounds them,
+then rotated as MLX's RoPE rotates them (same inverse-frequency formula). A kernel is used
+only after `verify_spec` matched it against a float32 ground truth on this device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from locals.engine.kernels.verify import compare
+
+log = logging.getLogger(__name__)
+
+# Template: T (dtype), D (head dim; D / 2 a multiple of 32), NORM, TRAD (traditional RoPE).
+# dims = [q heads, kv heads, q column offset, k column offset]; params = [log2 base, scale, eps].
+CUDA_SOURCE = r"""
+  constexpr int P = D / 2;  // threads a head: one rotated pair each
+  __shared__ float part[32];
+  const int HQ = dims[0];
+  const int heads = HQ + dims[1];
+  const int tok = blockIdx.x / heads;
+  const int head = blockIdx.x - tok * heads;
+  const int i = threadIdx.x;
+  const bool is_q = head < HQ;
+  const int h = is_q ? head : head - HQ;
+  const T* src = is_q ? qsrc + size_t(tok) * qsrc_shape[1] + dims[2] + h * D
+                      : ksrc + size_t(tok) * ksrc_shape[1] + dims[3] + h * D;
+  T* dst = is_q ? qout + (size_t(tok) * HQ + h) * D : kout + (size_t(tok) * dims[1] + h) * D;
+  const int i1 = TRAD ? 2 * i : i;
+  const int i2 = TRAD ? 2 * i + 1 : i + P;
+  float x1 = static_cast<float>(src[i1]);
+  float x2 = static_cast<float>(src[i2]);
+  if (NORM) {
+    float ss = x1 * x1 + x2 * x2;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    }
+    if (P > 32) {
+      if ((i & 31) == 0) {
+        part[i >> 5] = ss;
+      }
+      __syncthreads();
+      ss = 0.0f;
+#pragma unroll
+      for (int w = 0; w < P / 32; ++w) {
+        ss += part[w];
+      }
+    }
+    const float inv = rsqrtf(ss / float(D) + params[2]);
+    const float w1 = is_q ? static_cast<float>(qw[i1]) : static_cast<float>(kw[i1]);
+    const float w2 = is_q ? static_cast<float>(qw[i2]) : static_cast<float>(kw[i2]);
+    // As MLX's norm: w * T(x * inv), the product rounded to T.
+    x1 = static_cast<float>(static_cast<T>(w1 * static_cast<float>(static_cast<T>(x1 * inv))));
+    x2 = static_cast<float>(static_cast<T>(w2 * static_cast<float>(static_cast<T>(x2 * inv))));
+  }
+  // As MLX's RoPE: inv_freq = 2^(-i/P * log2 base), theta = (scale * position) * inv_freq.
+  const float inv_freq = exp2f(-(static_cast<float>(i) / static_cast<float>(P)) * params[0]);
+  const float theta = (params[1] * static_cast<float>(pos[tok])) * inv_freq;
+  // sin/cos in double: the runtime compiler's fast float versions drift for angles in the
+  // thousands of radians (float32 outputs were 1.4e-4 off on an H200; MLX's op is exact there).
+  double sd, cd;
+  sincos(static_cast<double>(theta), &sd, &cd);
+  const float c = static_cast<float>(cd);
+  const float s = static_cast<float>(sd);
+  dst[i1] = static_cast<T>(x1 * c - x2 * s);
+  dst[i2] = static_cast<T>(x1 * s + x2 * c);
+"""
+
+METAL_SOURCE = r"""
+  constexpr int P = D / 2;
+  threadgroup float part[32];
+  const int HQ = dims[0];
+  const int heads = HQ + dims[1];
+  const int tok = int(threadgroup_position_in_grid.x) / heads;
+  const int head = int(threadgroup_position_in_grid.x) - tok * heads;
+  const int i = int(thread_position_in_threadgroup.x);
+  const bool is_q = head < HQ;
+  const int h = is_q ? head : head - HQ;
+  const size_t base_q = size_t(tok) * qsrc_shape[1] + dims[2] + h * D;
+  const size_t base_k = size_t(tok) * ksrc_shape[1] + dims[3] + h * D;
+  const size_t out_at = is_q ? (size_t(tok) * HQ + h) * D : (size_t(tok) * dims[1] + h) * D;
+  const int i1 = TRAD ? 2 * i : i;
+  const int i2 = TRAD ? 2 * i + 1 : i + P;
+  float x1 = is_q ? float(qsrc[base_q + i1]) : float(ksrc[base_k + i1]);
+  float x2 = is_q ? float(qsrc[base_q + i2]) : float(ksrc[base_k + i2]);
+  if (NORM) {
+    float ss = simd_sum(x1 * x1 + x2 * x2);
+    if (P > 32) {
+      if (thread_index_in_simdgroup == 0) {
+        part[simdgroup_index_in_threadgroup] = ss;
+      }
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      ss = 0.0f;
+      for (int w = 0; w < P / 32; ++w) {
+        ss += part[w];
+      }
+    }
+    const float inv = metal::precise::rsqrt(ss / float(D) + params[2]);
+    const float w1 = is_q ? float(qw[i1]) : float(kw[i1]);
+    const float w2 = is_q ? float(qw[i2]) : float(kw[i2]);
+    x1 = float(T(w1 * float(T(x1 * inv))));
+    x2 = float(T(w2 * float(T(x2 * inv))));
+  }
+  const float inv_freq = metal::exp2(-(float(i) / float(P)) * params[0]);
+  const float theta = (params[1] * float(pos[tok])) * inv_freq;
+  const float c = metal::precise::cos(theta);
+  const float s = metal::precise::sin(theta);
+  if (is_q) {
+    qout[out_at + i1] = T(x1 * c - x2 * s);
+    qout[out_at + i2] = T(x1 * s + x2 * c);
+  } else {
+    kout[out_at + i1] = T(x1 * c - x2 * s);
+    kout[out_at + i2] = T(x1 * s + x2 * c);
+  }
+"""
+
+SOURCES = {"cuda": CUDA_SOURCE, "metal": METAL_SOURCE}
+TAG = hashlib.sha1((CUDA_SOURCE + METAL_SOURCE).encode()).hexdigest()[:10]
+DTYPES = (mx.float16, mx.bfloat16, mx.float32)
+_KERNELS: dict[str, object] = {}
+_CONSTANTS: dict[tuple, tuple[mx.array, mx.array, mx.array]] = {}
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """What one attention module asks of the kernel: head counts and size, whether q/k are
+    RMS-normalized (and with which eps), and its RoPE."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    norm: bool
+    eps: float
+    traditional: bool
+    base: float
+    scale: float
+
+
+def spec_of(attn: nn.Module) -> HeadSpec | None:
+    """The spec of an mlx-lm llama/qwen attention module, or None when the kernel does not
+    cover it (a RoPE other than MLX's plain one, partial rotary dims, an odd head size)."""
+    rope = getattr(attn, "rope", None)
+    heads, kv_heads = getattr(attn, "n_heads", None), getattr(attn, "n_kv_heads", None)
+    if type(rope) is not nn.RoPE or not heads or not kv_heads:
+        return None
+    dim = rope.dims
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    norm = q_norm is not None
+    if norm and not (isinstance(q_norm, nn.RMSNorm) and isinstance(k_norm, nn.RMSNorm)
+                     and q_norm.weight.shape == (dim,) and k_norm.weight.shape == (dim,)
+                     and q_norm.eps == k_norm.eps):
+        return None
+    if dim % 64 or dim > 2048 or (not norm and k_norm is not None):
+        return None
+    return HeadSpec(heads, kv_heads, dim, norm, float(q_norm.eps) if norm else 0.0,
+                    bool(rope.traditional), float(rope.base), float(rope.scale))
+
+
+def _kernel(backend: str):
+    if backend not in _KERNELS:
+        names = dict(input_names=["qsrc", "ksrc", "qw", "kw", "pos", "dims", "params"],
+                     output_names=["qout", "kout"])
+        make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
+        _KERNELS[backend] = make(name=f"locals_headprep_{TAG}", source=SOURCES[backend], **names)
+    return _KERNELS[backend]
+
+
+@dataclass(frozen=True)
+class HeadPrep:
+    """The fused kernel for one spec and activation dtype on one backend ("cuda" or "metal")."""
+
+    backend: str
+    spec: HeadSpec
+    dtype: mx.Dtype
+
+    def __call__(self, q_src: mx.array, k_src: mx.array, q_off: int, k_off: int, q_weight: mx.array | None,
+                 k_weight: mx.array | None, positions: mx.array) -> tuple[mx.array, mx.array]:
+        """q (T, heads, 1, dim) and k (T, kv_heads, 1, dim) from q_src/k_src (T, width), whose
+        heads start at column q_off/k_off; positions (T,) int32."""
+        s = self.spec
+        tokens, dtype = q_src.shape[0], q_src.dtype
+        dims, params, unused = _constants(s, dtype, q_off, k_off)
+        if not s.norm:  # every input needs an array
+            q_weight = k_weight = unused
+        return tuple(_kernel(self.backend)(
+            inputs=[q_src, k_src, q_weight, k_weight, positions.astype(mx.int32), dims, params],
+            template=[("T", dtype), ("D", s.head_dim), ("NORM", s.norm), ("TRAD", s.traditional)],
+            grid=(tokens * (s.heads + s.kv_heads) * (s.head_dim // 2), 1, 1),
+            threadgroup=(s.head_dim // 2, 1, 1),
+            output_shapes=[(tokens, s.heads, 1, s.head_dim), (tokens, s.kv_heads, 1, s.head_dim)],
+            output_dtypes=[dtype, dtype],
+        ))
+
+
+def _constants(spec: HeadSpec, dtype, q_off: int, k_off: int) -> tuple[mx.array, mx.array, mx.array]:
+    """The kernel's small inputs, made once per layout (not new arrays every layer of every step)."""
+    key = (spec, dtype, q_off, k_off)
+    if key not in _CONSTANTS:
+        dims = mx.array([spec.heads, spec.kv_heads, q_off, k_off], dtype=mx.int32)
+        params = mx.array(np.array([math.log2(spec.base), spec.scale, spec.eps], dtype=np.float32))
+        unused = mx.zeros((1,), dtype=dtype)
+        mx.eval(dims, params, unused)
+        _CONSTANTS[key] = (dims, params, unused)
+    return _CONSTANTS[key]
+
+
+def reference(q: mx.array, k: mx.array, spec: HeadSpec, q_weight, k_weight, positions: mx.array,
+              stream=None) -> tuple[mx.array, mx.array]:
+    """The same with MLX's ops: q (T, heads*dim) and k (T, kv_heads*dim) in, (T, heads, 1, dim) out."""
+    out = []
+    for x, heads, weight in ((q, spec.heads, q_weight), (k, spec.kv_heads, k_weight)):
+        x = x.reshape(x.shape[0], heads, 1, spec.head_dim)
+        if spec.norm:
+            x = mx.fast.rms_norm(x, weight, spec.eps, stream=stream)
+        out.append(mx.fast.rope(x, spec.head_dim, traditional=spec.traditional, base=spec.base,
+                                scale=spec.scale, offset=positions, stream=stream))
+    return out[0], out[1]
+
+
+# Token counts a kernel must get right before use: one decode row, odd counts, a batch, a chunk.
+VERIFY_TOKENS = (1, 3, 8, 33)
+_VERDICTS: dict[tuple, str] = {}
+
+
+def _random_case(spec: HeadSpec, tokens: int, joined: bool, dtype) -> tuple:
+    """Fresh inputs: q/k sources in the joined or the separate layout, norm weights, positions."""
+    q_cols, k_cols = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    if joined:
+        src = (3 * mx.random.normal((tokens, q_cols + 2 * k_cols))).astype(dtype)
+        q_src, k_src, q_off, k_off = src, src, 0, q_cols
+        q, k = src[:, :q_cols], src[:, q_cols:q_cols + k_cols]
+    else:
+        q_src = q = (3 * mx.random.normal((tokens, q_cols))).astype(dtype)
+        k_src = k = (3 * mx.random.normal((tokens, k_cols))).astype(dtype)
+        q_off = k_off = 0
+    q_weight = (1 + mx.random.normal((spec.head_dim,))).astype(dtype)
+    k_weight = (1 + mx.random.normal((spec.head_dim,))).astype(dtype)
+    # Positions stay below 4096: float32 angles of larger ones differ by an ulp of the inverse
+    # frequency between any two exp2 implementations, which is not what this checks.
+    positions = mx.random.randint(0, 4096, (tokens,), dtype=mx.int32)
+    return (q_src, k_src, q_off, k_off, q_weight, k_weight, positions), (q, k)
+
+
+def check(prep: HeadPrep, tokens: int, joined: bool) -> str:
+    """"" when the kernel matches a float32 ground truth (MLX's ops on the CPU) on fresh data,
+    otherwise why not (error over the dtype's allowance, non-finite output, an exception)."""
+    dtype = prep.dtype
+    mx.random.seed(int.from_bytes(np.random.default_rng().bytes(4), "little"))
+    args, (q, k) = _random_case(prep.spec, tokens, joined, dtype)
+    f32 = [a.astype(mx.float32, stream=mx.cpu) for a in (q, k, args[4], args[5])]
+    truth = reference(f32[0], f32[1], prep.spec, f32[2], f32[3], args[6], stream=mx.cpu)
+    try:
+        got = prep(*args)
+        mx.eval(got)
+    except Exception as exc:  # a kernel that fails to compile or launch is rejected, not fatal
+        return f"raised {type(exc).__name__}: {exc}"
+    return next((why for g, t in zip(got, truth) if (why := compare(g, t, dtype))), "")
+
+
+def verified(prep: HeadPrep) -> str:
+    """"" when `prep` passed every token count in both layouts on this device (checked once per
+    process), otherwise the first failure."""
+    if prep not in _VERDICTS:
+        failures = (f"{n} tokens, {'joined' if joined else 'separate'}: {why}"
+                    for n in VERIFY_TOKENS for joined in (True, False)
+                    if (why := check(prep, n, joined)))
+        _VERDICTS[prep] = next(failures, "")
+    return _VERDICTS[prep]
+
+
+def attach(model: nn.Module, backend: str, dtype) -> int:
+    """Give each attention module of a llama/qwen-family model whose spec the kernel covers a
+    verified `head_prep` (forward.py uses it); returns how many. Nothing on a CPU."""
+    if backend not in SOURCES or dtype not in DTYPES:
+        return 0
+    attached = 0
+    for layer in getattr(getattr(model, "model", None), "layers", None) or []:
+        attn = getattr(layer, "self_attn", None)
+        spec = spec_of(attn) if attn is not None else None
+        if spec is None:
+            continue
+        prep = HeadPrep(backend, spec, dtype)
+        why = verified(prep)
+        if why:
+            log.warning("fused q/k norm and RoPE not used: it failed verification (%s)", why)
+            return attached
+        attn.head_prep = prep
+        attached += 1
+    return attached

@@ -1,0 +1,186 @@
+"""Fused q/k norm + RoPE and residual add + norm: which layers they cover, the forward's use
+of their contracts, the verifiers that gate them, and that they are never attached where they
+cannot run.
+
+The CUDA and Metal kernels themselves run only on their devices (tests/test_kernels_cuda.py);
+here candidates built from MLX's ops stand in, honouring the same contracts."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx_lm.models import llama, qwen3
+
+from locals.engine import forward as fwd
+from locals.engine.forward import CompiledBlocks, RowInput, forward
+from locals.engine.fuse import fuse_projections
+from locals.engine.kernels import addnorm, fused
+from locals.engine.kernels.addnorm import AddNorm
+from locals.engine.kernels.headprep import HeadPrep, HeadSpec, check, reference, spec_of, verified
+from locals.engine.kv import RowKV
+
+
+def _qwen3(head_dim: int = 64, seed: int = 5):
+    mx.random.seed(seed)
+    args = qwen3.ModelArgs(model_type="qwen3", hidden_size=128, num_hidden_layers=2, intermediate_size=192,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, rms_norm_eps=1e-6,
+                           vocab_size=300, max_position_embeddings=512, rope_theta=10000.0,
+                           tie_word_embeddings=True)
+    model = qwen3.Model(args)
+    # Norm weights start at one; random ones show a norm applied with the wrong weight.
+    for layer in model.model.layers:
+        for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+            norm.weight = 1 + 0.5 * mx.random.normal(norm.weight.shape)
+    mx.eval(model.parameters())
+    return model
+
+
+def _llama(**extra):
+    mx.random.seed(6)
+    args = llama.ModelArgs(model_type="llama", hidden_size=256, num_hidden_layers=2, intermediate_size=256,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=300,
+                           tie_word_embeddings=True, max_position_embeddings=2048, **extra)
+    model = llama.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+class OpsHeadPrep(HeadPrep):
+    """The kernel's contract computed with MLX's ops: q/k read at their column offsets."""
+
+    def __call__(self, q_src, k_src, q_off, k_off, q_weight, k_weight, positions):
+        s = self.spec
+        q = q_src[:, q_off:q_off + s.heads * s.head_dim]
+        k = k_src[:, k_off:k_off + s.kv_heads * s.head_dim]
+        return reference(q, k, s, q_weight, k_weight, positions)
+
+
+def test_spec_covers_plain_rope_with_or_without_qk_norms():
+    spec = spec_of(_qwen3().model.layers[0].self_attn)
+    assert spec == HeadSpec(heads=4, kv_heads=2, head_dim=64, norm=True, eps=1e-6, traditional=False,
+                            base=10000.0, scale=1.0)
+    plain = spec_of(_llama(rope_traditional=True).model.layers[0].self_attn)
+    assert plain.norm is False and plain.traditional is True and plain.head_dim == 64
+    # Head sizes whose half is not a whole number of 32-lane groups, and scaled RoPE variants
+    # (Llama 3's frequencies), stay on MLX's ops.
+    assert spec_of(_qwen3(head_dim=32).model.layers[0].self_attn) is None
+    llama3 = _llama(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 1024})
+    assert spec_of(llama3.model.layers[0].self_attn) is None
+
+
+class OpsAddNorm(AddNorm):
+    """The add + norm contract computed with MLX's ops."""
+
+    def __call__(self, a, b, weight):
+        return addnorm.reference(a, b, weight, self.eps)
+
+
+def _attach_ops(model, heads: bool, norms: bool) -> None:
+    for layer in model.model.layers:
+        if heads:
+            layer.self_attn.head_prep = OpsHeadPrep("cpu", spec_of(layer.self_attn), mx.float32)
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm) if norms else ():
+            norm.add_norm = OpsAddNorm("cpu", norm.weight.shape[0], norm.eps, mx.float32)
+
+
+def _run(model, prompt, compiled):
+    """Logits of a prompt chunk, then of two decode steps (through compiled seams if given)."""
+    kv = RowKV(len(model.model.layers))
+    out = [forward(model, [RowInput(mx.array(prompt, dtype=mx.int32), len(prompt), kv, True, len(prompt))])]
+    for token in (7, 11):
+        out.append(forward(model, [RowInput(mx.array([token], dtype=mx.int32), 1, kv, True)], compiled))
+    return [np.array(o.astype(mx.float32)) for o in out]
+
+
+@pytest.mark.parametrize("build", [_qwen3, lambda: _llama(rope_traditional=True)], ids=["qwen3", "llama-trad"])
+@pytest.mark.parametrize("joined", [True, False], ids=["joined", "parts"])
+@pytest.mark.parametrize("heads,norms", [(True, True), (True, False), (False, True)], ids=["both", "heads", "norms"])
+def test_forward_through_the_contracts_computes_what_mlx_ops_compute(build, joined, heads, norms, monkeypatch):
+    model = build()
+    fuse_projections(model)
+    monkeypatch.setattr(fwd, "JOINED_MAX_TOKENS", {"fused_qkv": 64 if joined else 0, "fused_gate_up": 64})
+    prompt = [5, 17, 42, 7, 99, 3]
+    before = _run(model, prompt, CompiledBlocks())
+    seen, added = [], []
+    _attach_ops(model, heads, norms)
+    real_prep, real_add = OpsHeadPrep.__call__, OpsAddNorm.__call__
+    monkeypatch.setattr(OpsHeadPrep, "__call__", lambda self, *a: seen.append(a[2:4]) or real_prep(self, *a))
+    monkeypatch.setattr(OpsAddNorm, "__call__", lambda self, *a: added.append(a[0].shape) or real_add(self, *a))
+    after = _run(model, prompt, CompiledBlocks())
+    for a, b in zip(after, before):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    q_cols = model.model.layers[0].self_attn.n_heads * 64
+    # Joined: q and k read from the one q/k/v output at their offsets; parts: from their own.
+    assert set(seen) == (({(0, q_cols)} if joined else {(0, 0)}) if heads else set())
+    # Every add but the last layer's MLP residual (the final norm takes only the sampled rows):
+    # 2 a layer less one, per pass; traced once per compiled shape, so at least one pass' worth.
+    assert (len(added) >= 2 * len(model.model.layers) - 1) == norms
+    # mlx_ops_only() (the peer and untuned baselines) and mlx_ops() run MLX's ops instead.
+    from locals.engine.kernels.registry import mlx_ops_only
+
+    for switch in (mlx_ops_only, fused.mlx_ops):
+        seen.clear()
+        added.clear()
+        with switch():
+            np.testing.assert_allclose(_run(model, prompt, CompiledBlocks())[-1], before[-1], rtol=1e-5, atol=1e-5)
+        assert seen == [] and added == []
+
+
+class _Broken(OpsHeadPrep):
+    def __init__(self, spec, how):
+        super().__init__("cpu", spec, mx.float16)
+        object.__setattr__(self, "how", how)
+
+    def __call__(self, *args):
+        q, k = super().__call__(*args)
+        if self.how == "raise":
+            raise RuntimeError("launch failed")
+        if self.how == "nan":
+            return q, k * mx.array(float("nan"), dtype=k.dtype)
+        if self.how == "no-norm":  # rotated but never normalized
+            plain = HeadSpec(**{**self.spec.__dict__, "norm": False})
+            return OpsHeadPrep("cpu", plain, mx.float16)(*args)
+        return q[:, :, :, ::-1], k  # "pairs": q's values in the wrong order
+
+
+SPEC = HeadSpec(heads=6, kv_heads=2, head_dim=64, norm=True, eps=1e-6, traditional=False, base=1e6, scale=1.0)
+
+
+def test_verifier_passes_the_contract_and_rejects_wrong_kernels():
+    for dtype in (mx.float16, mx.bfloat16, mx.float32):
+        assert verified(OpsHeadPrep("cpu", SPEC, dtype)) == ""
+    # (Broken ones through check(): verified() remembers a verdict per spec and dtype.)
+    assert check(_Broken(SPEC, "raise"), 1, joined=False) == "raised RuntimeError: launch failed"
+    assert check(_Broken(SPEC, "nan"), 3, joined=False) == "non-finite output"
+    for how in ("no-norm", "pairs"):
+        assert check(_Broken(SPEC, how), 8, joined=True).startswith("error ")
+
+
+def test_add_norm_verifier_passes_the_contract_and_rejects_wrong_kernels():
+    class NoResidual(OpsAddNorm):  # the norm of a + b, but the residual stream left out
+        def __call__(self, a, b, weight):
+            return a, super().__call__(a, b, weight)[1]
+
+    class Unweighted(OpsAddNorm):  # normalized, but the weight never applied
+        def __call__(self, a, b, weight):
+            return super().__call__(a, b, mx.ones_like(weight))
+
+    for dtype in (mx.float16, mx.bfloat16, mx.float32):
+        assert addnorm.verified(OpsAddNorm("cpu", 320, 1e-5, dtype)) == ""
+    assert addnorm.check(NoResidual("cpu", 320, 1e-5, mx.bfloat16), 3).startswith("error ")
+    assert addnorm.check(Unweighted("cpu", 320, 1e-5, mx.float16), 1).startswith("error ")
+
+
+def test_kernels_that_cannot_run_are_never_attached(caplog):
+    model = _qwen3()
+    assert fused.attach(model, "cpu") == {"heads": 0, "norms": 0}
+    if hasattr(mx, "cuda") and mx.cuda.is_available():
+        pytest.skip("the CUDA kernels run on this machine (tests/test_kernels_cuda.py)")
+    # Without a CUDA device the kernels raise on their first call: verification fails, nothing is attached.
+    assert fused.attach(model, "cuda") == {"heads": 0, "norms": 0}
+    assert all(getattr(layer.self_attn, "head_prep", None) is None for layer in model.model.layers)
+    assert all(getattr(layer.input_layernorm, "add_norm", None) is None for layer in model.model.layers)
+    assert "q/k norm and RoPE not used" in caplog.text and "add and norm not used" in caplog.text
