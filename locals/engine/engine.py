@@ -72,9 +72,10 @@ def _patch_kernels(loaded) -> int:
 
 
 def _fuse_kernels(loaded) -> dict[str, int]:
-    """On GPUs, give layers the fused kernels (q/k norm + RoPE, add + norm) that verify here."""
+    """On GPUs, give layers the fused kernels (q/k norm + RoPE, add + norm) that verify here;
+    only models the ragged forward runs use them."""
     kind = getattr(getattr(loaded, "backend", None), "kind", "cpu")
-    if kind == "cpu":
+    if kind == "cpu" or not supports_ragged(loaded.model):
         return {}
     try:
         from locals.engine.kernels import fused

@@ -255,10 +255,11 @@ class CompiledBlocks:
     `seams(layers)` is [project 0, finish 0 + project 1, …, finish L-1]: one compiled call
     per layer boundary instead of two (a call costs ~20 µs of host time on a 2-core x86 VM). A
     compiled graph captures the modules as they were when traced, so the lists are keyed
-    by the registry's swap count (tuned-kernel patching bumps it), whether tuned kernels
-    are bypassed, whether fused kernels are on (kernels/fused.py) and `JOINED_MAX_TOKENS`; each distinct token count is traced once per key. The owner drops it (and
-    collects) before MLX shuts down: compiled graphs freed during interpreter exit may
-    abort the process.
+    by the registry's swap count (tuned-kernel patching and attaching fused kernels bump
+    it), whether tuned kernels are bypassed, whether fused kernels are on (kernels/fused.py)
+    and `JOINED_MAX_TOKENS`; each distinct token count is traced once per key. The owner
+    drops it (and collects) before MLX shuts down: compiled graphs freed during interpreter
+    exit may abort the process.
     """
 
     def __init__(self):
