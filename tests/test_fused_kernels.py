@@ -66,6 +66,9 @@ def test_spec_covers_plain_rope_with_or_without_qk_norms():
     # Head sizes whose half is not a whole number of 32-lane groups, and scaled RoPE variants
     # (Llama 3's frequencies), stay on MLX's ops.
     assert spec_of(_qwen3(head_dim=32).model.layers[0].self_attn) is None
+    partial = _qwen3(head_dim=128).model.layers[0].self_attn
+    partial.rope = nn.RoPE(64, traditional=False, base=10000.0)  # RoPE over half of each 128-wide head
+    assert spec_of(partial) is None
     llama3 = _llama(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 1024})
     assert spec_of(llama3.model.layers[0].self_attn) is None

@@ -162,9 +162,12 @@ def spec_of(attn: nn.Module) -> HeadSpec | None:
     cover it (a RoPE other than MLX's plain one, partial rotary dims, an odd head size)."""
     rope = getattr(attn, "rope", None)
     heads, kv_heads = getattr(attn, "n_heads", None), getattr(attn, "n_kv_heads", None)
-    if type(rope) is not nn.RoPE or not heads or not kv_heads:
+    scale = getattr(attn, "scale", None)
+    if type(rope) is not nn.RoPE or not heads or not kv_heads or not scale:
         return None
     dim = rope.dims
+    if round(scale ** -2) != dim:  # mlx-lm's scale is head_dim ** -0.5: RoPE over part of each head
+        return None
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
     norm = q_norm is not None
     if norm and not (isinstance(q_norm, nn.RMSNorm) and isinstance(k_norm, nn.RMSNorm)
