@@ -149,34 +149,6 @@ def test_joined_matmuls_run_every_pass_but_qkv_without_the_head_kernel_on_cuda(m
     assert fwd._default_joined_limits() == {"fused_qkv": 2, "fused_gate_up": 2}
 
 
-def test_qkv_joins_past_the_unfused_limit_only_with_the_head_kernel(monkeypatch):
-    from locals.engine import forward as fwd
-    from locals.engine.kernels.headprep import HeadPrep, reference, spec_of
-
-    class OpsHeadPrep(HeadPrep):
-        def __call__(self, q_src, k_src, q_off, k_off, q_weight, k_weight, positions):
-            s = self.spec
-            return reference(q_src[:, q_off:q_off + s.heads * s.head_dim],
-                             k_src[:, k_off:k_off + s.kv_heads * s.head_dim], s, q_weight, k_weight, positions)
-
-    model = _qwen3(False, head_dim=64)
-    fuse_projections(model)
-    monkeypatch.setattr(fwd, "UNFUSED_QKV_MAX_TOKENS", 2)
-    attn = model.model.layers[0].self_attn
-    joined = []
-    real = type(attn.fused_qkv).__call__
-    monkeypatch.setattr(type(attn.fused_qkv), "__call__",
-                        lambda self, x: (joined.append(x.shape[0]) if self is attn.fused_qkv else None) or real(self, x))
-    rows = lambda: [RowInput(tokens=mx.array([5, 17, 42], dtype=mx.int32), n=3,  # noqa: E731
-                             kv=RowKV(len(model.model.layers)), sample=True)]
-    mx.eval(forward(model, rows()))
-    assert joined == []  # 3 tokens > 2: the parts
-    for layer in model.model.layers:
-        layer.self_attn.head_prep = OpsHeadPrep("cpu", spec_of(layer.self_attn), mx.float32)
-    mx.eval(forward(model, rows()))
-    assert joined == [3]
-
-
 def test_rope_gets_int32_offsets_so_no_cast_per_call(monkeypatch):
     # mx.fast.rope casts offsets of any other dtype to int32: one cast op per call (numpy's
     # default int64 positions cost two a layer, kernels on a GPU).

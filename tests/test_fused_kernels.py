@@ -11,7 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from mlx_lm.models import llama, qwen3
+from mlx_lm.models import llama
 
 from locals.engine import forward as fwd
 from locals.engine.forward import CompiledBlocks, RowInput, forward
@@ -20,15 +20,11 @@ from locals.engine.kernels import addnorm, fused
 from locals.engine.kernels.addnorm import AddNorm
 from locals.engine.kernels.headprep import HeadPrep, HeadSpec, check, reference, spec_of, verified
 from locals.engine.kv import RowKV
+from tests.test_fuse import _qwen3 as tiny_qwen3
 
 
 def _qwen3(head_dim: int = 64, seed: int = 5):
-    mx.random.seed(seed)
-    args = qwen3.ModelArgs(model_type="qwen3", hidden_size=128, num_hidden_layers=2, intermediate_size=192,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, rms_norm_eps=1e-6,
-                           vocab_size=300, max_position_embeddings=512, rope_theta=10000.0,
-                           tie_word_embeddings=True)
-    model = qwen3.Model(args)
+    model = tiny_qwen3(False, seed=seed, head_dim=head_dim)
     # Norm weights start at one; random ones show a norm applied with the wrong weight.
     for layer in model.model.layers:
         for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
@@ -187,3 +183,21 @@ def test_kernels_that_cannot_run_are_never_attached(caplog):
     assert all(getattr(layer.self_attn, "head_prep", None) is None for layer in model.model.layers)
     assert all(getattr(layer.input_layernorm, "add_norm", None) is None for layer in model.model.layers)
     assert "q/k norm and RoPE not used" in caplog.text and "add and norm not used" in caplog.text
+
+
+def test_qkv_joins_past_the_unfused_limit_only_with_the_head_kernel(monkeypatch):
+    model = _qwen3()
+    fuse_projections(model)
+    monkeypatch.setattr(fwd, "UNFUSED_QKV_MAX_TOKENS", 2)
+    attn = model.model.layers[0].self_attn
+    joined = []
+    real = type(attn.fused_qkv).__call__
+    monkeypatch.setattr(type(attn.fused_qkv), "__call__",
+                        lambda self, x: (joined.append(x.shape[0]) if self is attn.fused_qkv else None) or real(self, x))
+    rows = lambda: [RowInput(tokens=mx.array([5, 17, 42], dtype=mx.int32), n=3,  # noqa: E731
+                             kv=RowKV(len(model.model.layers)), sample=True)]
+    mx.eval(forward(model, rows()))
+    assert joined == []  # 3 tokens > 2 and no head kernel: the parts
+    _attach_ops(model, heads=True, norms=False)
+    mx.eval(forward(model, rows()))
+    assert joined == [3]
