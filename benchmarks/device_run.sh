@@ -17,6 +17,7 @@
 #   kernels     step_kernels B = 1,8: the GPU kernels of an engine step and their device time,
 #               under Nsight Compute (ncu on PATH, or NCU=/path/to/ncu); KERNEL_BYTES=1 adds DRAM bytes
 #   mixed       mixed_pass: what forced chunks and drafts add to a B = 8 decode pass
+#   spread      process_spread: B = 8 and 32 in four fresh processes (the per-process spread)
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
 #   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
 # MODEL: qwen3-4b (default) on a GPU; qwen3-tiny tries the script out on a CPU.
@@ -56,6 +57,8 @@ for part in ${parts//,/ }; do
     kernels) timeout "${KERNELS_TIMEOUT:-300}" python3 benchmarks/step_kernels.py --random-model "$model" \
       --batches "${KERNEL_BATCHES:-1,8}" --steps 4 --ncu "${NCU:-ncu}" --timeout 130 ${KERNEL_BYTES:+--bytes} ;;
     mixed) timeout 120 python3 benchmarks/mixed_pass.py --random-model "$model" --rounds 15 ;;
+    spread) timeout "${SPREAD_TIMEOUT:-300}" python3 benchmarks/process_spread.py --random-model "$model" \
+      --batches 8,32 --processes 4 ;;
     long) timeout "${LONG_TIMEOUT:-200}" python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2 ;;
     constraint) timeout "${CONSTRAINT_TIMEOUT:-300}" python3 benchmarks/constraint.py --steps 48 --steps-only \
       --engine-tokens 400 --rounds 3 ;;

@@ -292,8 +292,9 @@ def test_cpu_has_no_device_kernels_and_metal_source_is_distinct():
     assert qmm.candidates("cpu") == []
     names = {k.name for k in qmm.candidates("cuda")} | {k.name for k in qmm.candidates("metal")}
     cuda = qmm.candidates("cuda")
-    assert len(names) == 26 and sum(k.staged for k in cuda) == 3 and sum(k.split for k in cuda) == 4
-    assert sum(k.tensor for k in cuda) == 9 and sum(k.wide for k in cuda) == 3
+    assert len(names) == 28 and sum(k.staged for k in cuda) == 3 and sum(k.split for k in cuda) == 4
+    assert sum(k.tensor for k in cuda) == 11 and sum(k.wide for k in cuda) == 3
+    assert all(k.tensor for k in cuda if k.k_split > 1) and sum(k.k_split > 1 for k in cuda) == 2
     assert {k.variant for k in cuda} == set(qmm.CUDA_VARIANTS) and len({k.name for k in cuda}) == len(cuda)
     assert qmm.CUDA_TAG != qmm.METAL_TAG
     assert [qmm.row_bucket(m) for m in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
@@ -309,6 +310,7 @@ def test_tensor_kernel_declines_what_it_cannot_compute():
     wide = qmm.QmvKernel("cuda", 16, 256, tensor=True, wide=True)
     assert wide.name == "cuda-qmma-r16-t256-wide"
     assert [m for m in range(1, 40) if wide.supports(m, 4, 64, mx.bfloat16, mx.bfloat16)] == list(range(17, 33))
+    assert qmm.QmvKernel("cuda", 16, 128, tensor=True, unroll=2, k_split=4, wide=True).name == "cuda-qmma-r16-t128-u2-k4-wide"
 
 
 def test_table_path_is_per_chip_and_version(locals_home):

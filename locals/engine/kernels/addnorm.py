@@ -5,9 +5,9 @@ then adds the MLP output and normalizes it for the next layer's attention: four 
 layer with MLX's ops (two adds, two norms; an H200 B = 8 step ran 72 `binary_vv` and 145
 `rms_norm_small`, step_kernels-gpu-20261130-152042.json), two with this one.
 
-One threadgroup per token. The sum is rounded to the dtype (the residual stream is kept in
-it), squared and summed in float32, then each value is normalized and rounded as MLX's norm
-does: `w * T(h * rsqrt(mean(h^2) + eps))`. A kernel is used only after `verified` matched it
+One threadgroup per token, each thread holding its values in registers. The sum is rounded
+to the dtype (the residual stream is kept in it), squared and summed in float32, then each
+value is normalized and rounded as MLX's norm does: `w * T(h * rsqrt(mean(h^2) + eps))`. A kernel is used only after `verified` matched it
 against a float32 ground truth on this device.
 """
 
@@ -27,19 +27,31 @@ log = logging.getLogger(__name__)
 
 THREADS = 256  # a threadgroup: 8 warps/simdgroups; 2560 values are 10 a thread
 
-# Template: T (dtype). Inputs a, b (T, D); w (D,); eps (1,) float32. Outputs h, x (T, D).
+# Template: T (dtype), VPT (values a thread: width / 256 rounded up). Inputs a, b (T, D);
+# w (D,); eps (1,) float32. Outputs h, x (T, D). Every load is issued before the first
+# store: with the stores in the loop (h might alias a or b for all the compiler knows) each
+# value cost a memory latency, 10 us a call for 8 rows of 2560 on the H200
+# (step_kernels-gpu-20261130-182924.json).
 CUDA_SOURCE = r"""
   constexpr int NT = 256;
   __shared__ float part[NT / 32];
   const int D = a_shape[1];
   const size_t row = size_t(blockIdx.x) * D;
   const int i0 = threadIdx.x;
+  const float e = eps[0];
+  float hv[VPT];
+  float wv[VPT];
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int i = i0 + j * NT;
+    hv[j] = i < D ? static_cast<float>(a[row + i]) + static_cast<float>(b[row + i]) : 0.0f;
+    wv[j] = i < D ? static_cast<float>(w[i]) : 0.0f;
+  }
   float ss = 0.0f;
-  for (int i = i0; i < D; i += NT) {
-    const T v = static_cast<T>(static_cast<float>(a[row + i]) + static_cast<float>(b[row + i]));
-    h[row + i] = v;
-    const float f = static_cast<float>(v);
-    ss += f * f;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    hv[j] = static_cast<float>(static_cast<T>(hv[j]));
+    ss += hv[j] * hv[j];
   }
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
@@ -54,10 +66,14 @@ CUDA_SOURCE = r"""
   for (int w8 = 0; w8 < NT / 32; ++w8) {
     ss += part[w8];
   }
-  const float inv = rsqrtf(ss / float(D) + eps[0]);
-  for (int i = i0; i < D; i += NT) {
-    const float v = static_cast<float>(static_cast<T>(static_cast<float>(a[row + i]) + static_cast<float>(b[row + i])));
-    x[row + i] = static_cast<T>(static_cast<float>(w[i]) * static_cast<float>(static_cast<T>(v * inv)));
+  const float inv = rsqrtf(ss / float(D) + e);
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int i = i0 + j * NT;
+    if (i < D) {
+      h[row + i] = static_cast<T>(hv[j]);
+      x[row + i] = static_cast<T>(wv[j] * static_cast<float>(static_cast<T>(hv[j] * inv)));
+    }
   }
 """
 
@@ -67,11 +83,18 @@ METAL_SOURCE = r"""
   const int D = a_shape[1];
   const size_t row = size_t(threadgroup_position_in_grid.x) * D;
   const int i0 = int(thread_position_in_threadgroup.x);
+  const float e = eps[0];
+  float hv[VPT];
+  float wv[VPT];
+  for (int j = 0; j < VPT; ++j) {
+    const int i = i0 + j * NT;
+    hv[j] = i < D ? float(a[row + i]) + float(b[row + i]) : 0.0f;
+    wv[j] = i < D ? float(w[i]) : 0.0f;
+  }
   float ss = 0.0f;
-  for (int i = i0; i < D; i += NT) {
-    const T v = T(float(a[row + i]) + float(b[row + i]));
-    h[row + i] = v;
-    ss += float(v) * float(v);
+  for (int j = 0; j < VPT; ++j) {
+    hv[j] = float(T(hv[j]));
+    ss += hv[j] * hv[j];
   }
   ss = simd_sum(ss);
   if (thread_index_in_simdgroup == 0) {
@@ -82,10 +105,13 @@ METAL_SOURCE = r"""
   for (int w8 = 0; w8 < NT / 32; ++w8) {
     ss += part[w8];
   }
-  const float inv = metal::precise::rsqrt(ss / float(D) + eps[0]);
-  for (int i = i0; i < D; i += NT) {
-    const float v = float(T(float(a[row + i]) + float(b[row + i])));
-    x[row + i] = T(float(w[i]) * float(T(v * inv)));
+  const float inv = metal::precise::rsqrt(ss / float(D) + e);
+  for (int j = 0; j < VPT; ++j) {
+    const int i = i0 + j * NT;
+    if (i < D) {
+      h[row + i] = T(hv[j]);
+      x[row + i] = T(wv[j] * float(T(hv[j] * inv)));
+    }
   }
 """
 
@@ -126,7 +152,7 @@ class AddNorm:
         """(a + b, rms_norm(a + b) * weight) for a, b (T, width)."""
         tokens = a.shape[0]
         return tuple(_kernel(self.backend)(
-            inputs=[a, b, weight, _eps(self.eps)], template=[("T", a.dtype)],
+            inputs=[a, b, weight, _eps(self.eps)], template=[("T", a.dtype), ("VPT", -(-self.width // THREADS))],
             grid=(tokens * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
             output_shapes=[a.shape, a.shape], output_dtypes=[a.dtype, a.dtype],
         ))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from locals.engine.kernels.qmm_mma import CUDA_MMA_SOURCE
+from locals.engine.kernels.qmm_mma import CUDA_KSUM_SOURCE, CUDA_MMA_HEADER, CUDA_MMA_SOURCE
 
 MAX_ROWS = 16
 # The tensor-core kernel's wide candidates take 17..32 rows (four 8-row tiles); the others,
@@ -351,7 +351,8 @@ def _source_tag(*parts: str) -> str:
     return hashlib.sha1("".join(parts).encode()).hexdigest()[:10]
 
 
-CUDA_TAG = _source_tag(CUDA_SOURCE, CUDA_STAGED_SOURCE, CUDA_SPLIT_SOURCE, CUDA_MMA_SOURCE)
+CUDA_TAG = _source_tag(CUDA_SOURCE, CUDA_STAGED_SOURCE, CUDA_SPLIT_SOURCE,
+                       CUDA_MMA_HEADER, CUDA_MMA_SOURCE, CUDA_KSUM_SOURCE)
 METAL_TAG = _source_tag(METAL_SOURCE)
 CUDA_VARIANTS = {"qmv": CUDA_SOURCE, "qmvs": CUDA_STAGED_SOURCE, "qmvk": CUDA_SPLIT_SOURCE,
                  "qmma": CUDA_MMA_SOURCE}
@@ -360,11 +361,15 @@ _KERNELS: dict[tuple[str, str], object] = {}
 
 
 def _kernel(backend: str, variant: str):
-    """The JIT kernel object for a backend and variant (qmv, qmvs, qmvk), built once per process."""
+    """The JIT kernel object for a backend and variant (qmv, qmvs, qmvk, qmma, ksum), built once per process."""
     if (backend, variant) not in _KERNELS:
         names = dict(input_names=["x", "w", "scales", "biases"], output_names=["out"])
-        if backend == "cuda" and variant in CUDA_VARIANTS:
-            kernel = mx.fast.cuda_kernel(name=f"locals_{variant}_{CUDA_TAG}", source=CUDA_VARIANTS[variant], **names)
+        if backend == "cuda" and variant == "ksum":
+            kernel = mx.fast.cuda_kernel(name=f"locals_ksum_{CUDA_TAG}", source=CUDA_KSUM_SOURCE,
+                                         input_names=["p"], output_names=["out"])
+        elif backend == "cuda" and variant in CUDA_VARIANTS:
+            kernel = mx.fast.cuda_kernel(name=f"locals_{variant}_{CUDA_TAG}", source=CUDA_VARIANTS[variant],
+                                         header=CUDA_MMA_HEADER if variant == "qmma" else "", **names)
         elif backend == "metal" and variant == "qmv":
             kernel = mx.fast.metal_kernel(name=f"locals_qmv_{METAL_TAG}", source=METAL_SOURCE, **names)
         else:
@@ -393,7 +398,8 @@ def row_bucket(rows: int) -> int:
 class QmvKernel:
     """One launch configuration: R output columns per warp (per block when split or on the
     tensor cores), T threads a block, x staged in shared memory or not, K split across a
-    block's warps or not, products on the tensor cores (CUDA, 4-bit, R = 16 or 32) or not."""
+    block's warps or not, products on the tensor cores (CUDA, 4-bit, R = 16 or 32) or not,
+    and there K split across `k_split` blocks a column tile or not."""
 
     backend: str  # "cuda" | "metal"
     cols_per_warp: int
@@ -403,6 +409,7 @@ class QmvKernel:
     tensor: bool = False
     unroll: int = 1  # tensor: chunks of K loaded together (and as many more in flight)
     wide: bool = False  # tensor: 17..WIDE_MAX_ROWS rows instead of 1..MAX_ROWS
+    k_split: int = 1  # tensor: blocks per column tile, each over an interleaved part of K
 
     @property
     def variant(self) -> str:
@@ -412,7 +419,8 @@ class QmvKernel:
 
     @property
     def name(self) -> str:
-        more = (f"-u{self.unroll}" if self.unroll > 1 else "") + ("-wide" if self.wide else "")
+        more = ((f"-u{self.unroll}" if self.unroll > 1 else "") + (f"-k{self.k_split}" if self.k_split > 1 else "")
+                + ("-wide" if self.wide else ""))
         return f"{self.backend}-{self.variant}-r{self.cols_per_warp}-t{self.threads}{more}"
 
     def supports(self, rows: int, bits: int, group_size: int, dtype, scales_dtype) -> bool:
@@ -433,17 +441,25 @@ class QmvKernel:
             bucket = 8 if rows <= 8 else (16 if rows <= 16 else 32)
             template = [("T", x.dtype), ("MB", bucket), ("NC", self.cols_per_warp // 16),
                         ("NT", self.threads), ("GS", group_size), ("F16", x.dtype == mx.float16),
-                        ("U", self.unroll)]
+                        ("U", self.unroll), ("KS", self.k_split)]
         else:
             template = [("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
                         ("BITS", bits), ("GS", group_size)] + ([("NT", self.threads)] if self.split else [])
-        # One block per R columns (split, tensor), or one warp per R columns.
-        grid = -(-n // self.cols_per_warp) * (self.threads if self.split or self.tensor else 32)
+        # One block per R columns (split; tensor: k_split blocks), or one warp per R columns.
+        grid = -(-n // self.cols_per_warp) * (self.threads if self.split or self.tensor else 32) * self.k_split
+        partial = self.k_split > 1
         out = _kernel(self.backend, self.variant)(
             inputs=[x2, w, scales, biases], template=template,
             grid=(grid, 1, 1), threadgroup=(self.threads, 1, 1),
-            output_shapes=[(rows, n)], output_dtypes=[x.dtype],
+            output_shapes=[(self.k_split, rows, n) if partial else (rows, n)],
+            output_dtypes=[mx.float32 if partial else x.dtype],
         )[0]
+        if partial:
+            out = _kernel(self.backend, "ksum")(
+                inputs=[out], template=[("T", x.dtype), ("KS", self.k_split)],
+                grid=(-(-rows * n // 256) * 256, 1, 1), threadgroup=(256, 1, 1),
+                output_shapes=[(rows, n)], output_dtypes=[x.dtype],
+            )[0]
         return out.reshape(*lead, n)
 
 
@@ -467,4 +483,10 @@ def candidates(backend: str) -> list[QmvKernel]:
     # 17-32 rows: apart from the above so that one failing at 32 rows rejects only these.
     # Not yet timed on a GPU.
     wide = [QmvKernel(backend, r, t, tensor=True, wide=True) for r, t in ((16, 128), (16, 256), (32, 256))]
-    return plain + staged + split + tensor + wide
+    # K split over 2 or 4 blocks a column tile, for layers with few columns (see qmm_mma.py).
+    # On the H200 (tuning_table-gpu-20261130-210300.json) seven such configurations verified
+    # and none won a case: the best came within 5% of the winner for 2560 columns at 8 rows
+    # (down_proj 61.0 vs 56.8 us, o_proj 44.1 vs 41.9). Those two are kept; the 128-thread,
+    # two-stage and 17-32-row ones trailed by 10-50% and are left out.
+    k_split = [QmvKernel(backend, 16, 256, tensor=True, k_split=ks) for ks in (2, 4)]
+    return plain + staged + split + tensor + wide + k_split

@@ -7,8 +7,13 @@ the per-M table). Here each weight value is dequantized once (two bf16x2 or f16x
 instructions per pair of values) and the products run on the tensor cores: one
 `mma.m16n8k16` multiplies 16 weight columns by 16 k values for 8 batch rows.
 
-Layout. A block owns 16·NC output columns; its warps split K in chunks of 128 values
-(each warp takes every S-th chunk) and sum through shared memory at the end. In a chunk,
+Layout. A block owns 16·NC output columns; its S warps split K in chunks of 128 values
+(each warp takes every S-th chunk) and sum through shared memory at the end. With KS > 1,
+KS blocks share a column tile (each warp takes every (S·KS)-th chunk) and write float32
+partial sums that a second small kernel adds in a fixed order: an H200 decode step's
+o_proj and down_proj (2560 columns, 160 tiles of 16 for 132 SMs) read their weights at
+~0.7 TB/s against ~1.4 for gate/up (step_kernels-gpu-20261130-182924.json): too few
+warps in flight, and some SMs do two tiles while others do one. In a chunk,
 lane (g, t) = (lane / 4, lane % 4) loads 16 bytes (32 values) of weight columns g and
 g + 8 at k = 32·t .. 32·t + 31, and the same 32 values of batch rows g, g + 8, … (one per
 8-row tile: 1, 2 or 4 tiles). The dot product does not depend on the order of k, so each
@@ -20,8 +25,14 @@ arithmetic (two register stages of U chunks each: more bytes in flight per warp)
 
 from __future__ import annotations
 
+CUDA_MMA_HEADER = r"""
+__device__ inline void locals_store(float* p, size_t i, float v) { p[i] = v; }
+template <typename U>
+__device__ inline void locals_store(U* p, size_t i, float v) { p[i] = static_cast<U>(v); }
+"""
+
 CUDA_MMA_SOURCE = r"""
-  constexpr int S = NT / 32;                // warps per block, each over every S-th chunk of K
+  constexpr int S = NT / 32;                // warps per block
   constexpr int TILES = MB / 8;             // 8-row tiles of x (MB is 8, 16 or 32)
   constexpr int CH = 128;                   // k values per chunk: 4 lanes x 32
   constexpr uint32_t MAGIC = F16 ? 0x64006400u : 0x43004300u;  // 1024.0 / 128.0, twice
@@ -35,7 +46,13 @@ CUDA_MMA_SOURCE = r"""
   const int warp = threadIdx.x >> 5;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int n0 = blockIdx.x * (16 * NC);
+  // KS > 1: the KS blocks of a column tile take interleaved chunks of K each and write
+  // float32 partial sums (KS, M, N) that a second kernel adds up.
+  const int tiles = (N + 16 * NC - 1) / (16 * NC);
+  const int split = blockIdx.x / tiles;
+  const int n0 = (blockIdx.x - split * tiles) * (16 * NC);
+  constexpr int SW = S * KS;                // warps over K, across a tile's KS blocks
+  const int gw = split * S + warp;          // this warp's first chunk
   const int chunks = (K + CH - 1) / CH;
   const uint16_t* sbits = reinterpret_cast<const uint16_t*>(scales);
   const uint16_t* bbits = reinterpret_cast<const uint16_t*>(biases);
@@ -109,12 +126,12 @@ CUDA_MMA_SOURCE = r"""
   Chunk nxt[U];
 #pragma unroll
   for (int u = 0; u < U; ++u) {
-    load(warp + u * S, cur[u]);
+    load(gw + u * SW, cur[u]);
   }
-  for (int c = warp; c < chunks; c += U * S) {
+  for (int c = gw; c < chunks; c += U * SW) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      load(c + (U + u) * S, nxt[u]);
+      load(c + (U + u) * SW, nxt[u]);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -186,7 +203,22 @@ CUDA_MMA_SOURCE = r"""
       for (int k = 0; k < S; ++k) {
         v += part[k][col][m];
       }
-      out[size_t(m) * N + n] = static_cast<T>(v);
+      // out is float (partial sums, KS > 1) or T: the overloads in CUDA_MMA_HEADER.
+      locals_store(out, KS > 1 ? (size_t(split) * M + m) * N + n : size_t(m) * N + n, v);
     }
+  }
+"""
+
+# The K-split kernel's second half: out (M, N) = the KS partial sums (KS, M, N) added in order.
+CUDA_KSUM_SOURCE = r"""
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t mn = size_t(p_shape[1]) * p_shape[2];
+  if (i < mn) {
+    float v = 0.0f;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+      v += p[s * mn + i];
+    }
+    out[i] = static_cast<T>(v);
   }
 """
