@@ -310,7 +310,8 @@ def test_tensor_kernel_declines_what_it_cannot_compute():
     wide = qmm.QmvKernel("cuda", 16, 256, tensor=True, wide=True)
     assert wide.name == "cuda-qmma-r16-t256-wide"
     assert [m for m in range(1, 40) if wide.supports(m, 4, 64, mx.bfloat16, mx.bfloat16)] == list(range(17, 33))
-    assert qmm.QmvKernel("cuda", 16, 128, tensor=True, unroll=2, k_split=4, wide=True).name == "cuda-qmma-r16-t128-u2-k4-wide"
+    split = qmm.QmvKernel("cuda", 16, 128, tensor=True, unroll=2, k_split=4, wide=True)
+    assert split.name == "cuda-qmma-r16-t128-u2-k4-wide"
 
 
 def test_table_path_is_per_chip_and_version(locals_home):

@@ -7,8 +7,9 @@ layer with MLX's ops (two adds, two norms; an H200 B = 8 step ran 72 `binary_vv`
 
 One threadgroup per token, each thread holding its values in registers. The sum is rounded
 to the dtype (the residual stream is kept in it), squared and summed in float32, then each
-value is normalized and rounded as MLX's norm does: `w * T(h * rsqrt(mean(h^2) + eps))`. A kernel is used only after `verified` matched it
-against a float32 ground truth on this device.
+value is normalized and rounded as MLX's norm does: `w * T(h * rsqrt(mean(h^2) + eps))`.
+A kernel is used only after `verified` matched it against a float32 ground truth on this
+device.
 """
 
 from __future__ import annotations
@@ -152,7 +153,8 @@ class AddNorm:
         """(a + b, rms_norm(a + b) * weight) for a, b (T, width)."""
         tokens = a.shape[0]
         return tuple(_kernel(self.backend)(
-            inputs=[a, b, weight, _eps(self.eps)], template=[("T", a.dtype), ("VPT", -(-self.width // THREADS))],
+            inputs=[a, b, weight, _eps(self.eps)],
+            template=[("T", a.dtype), ("VPT", -(-self.width // THREADS))],
             grid=(tokens * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
             output_shapes=[a.shape, a.shape], output_dtypes=[a.dtype, a.dtype],
         ))

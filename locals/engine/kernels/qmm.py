@@ -481,7 +481,6 @@ def candidates(backend: str) -> list[QmvKernel]:
     tensor = [QmvKernel(backend, r, t, tensor=True, unroll=u)
               for r, t, u in ((16, 128, 1), (16, 256, 1), (32, 256, 1), (16, 128, 2), (16, 256, 2), (16, 512, 1))]
     # 17-32 rows: apart from the above so that one failing at 32 rows rejects only these.
-    # Not yet timed on a GPU.
     wide = [QmvKernel(backend, r, t, tensor=True, wide=True) for r, t in ((16, 128), (16, 256), (32, 256))]
     # K split over 2 or 4 blocks a column tile, for layers with few columns (see qmm_mma.py).
     # On the H200 (tuning_table-gpu-20261130-210300.json) seven such configurations verified
