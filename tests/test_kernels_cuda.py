@@ -126,3 +126,22 @@ def test_model_with_fused_kernels_matches_mlx_ops():
     got = run()
     for g, e in zip(got, expected):
         assert (mx.abs(g - e).max() / mx.abs(e).max()).item() < 3e-2
+
+
+def test_device_stamps_order_and_time_a_chain():
+    # The stamps read the GPU's nanosecond timer after their input: a chain between two of
+    # them takes a positive, plausible time, and it grows with the chain's length.
+    from locals.engine.kernels import clock
+    from locals.engine.kernels.reference import cold_problems, quantized_matmul, rotating
+
+    timer = clock.timer(mx.bfloat16)
+    assert timer is not None
+    first, _ = clock.stamp(mx.zeros((1,)))
+    second, _ = clock.stamp(first)
+    mx.eval(first, second)
+    assert 0 <= clock.nanoseconds(second) - clock.nanoseconds(first) < 10**7
+    x, copies = cold_problems(8, 2560, 9728, 4, 64, mx.bfloat16)
+    call = rotating(quantized_matmul, x, copies, 64, 4)
+    one = sorted(timer(call, 1) for _ in range(5))[2]
+    six = sorted(timer(call, 6) * 6 for _ in range(5))[2]
+    assert 0 < one < 0.01 and one < six < 0.1

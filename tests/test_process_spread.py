@@ -35,3 +35,13 @@ def test_children_alternate_homes_and_every_sample_is_kept(tmp_path):
         assert row["process_medians"] == [statistics.median(s) for s in row["samples"]]
     # Four children ran, one after another, two per home.
     assert sum(line.startswith("process ") for line in done.stdout.splitlines()) == 4
+
+
+def test_settings_pair_every_home_with_every_environment():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.process_spread import settings
+
+    assert settings("", "") == [(None, "", "default")]
+    assert settings("a,b", "") == [("a", "", "a"), ("b", "", "b")]
+    assert settings("", "X=1 Y=2; X=3") == [(None, "X=1 Y=2", "X=1 Y=2"), (None, "X=3", "X=3")]
+    assert [name for _h, _e, name in settings("a,b", "X=1;X=2")] == ["a X=1", "a X=2", "b X=1", "b X=2"]

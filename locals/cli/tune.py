@@ -64,7 +64,7 @@ def print_table(table) -> None:
     from locals.engine.kernels.tuning import MLX_OP
 
     out = Table(title=f"{table.chip} · MLX {table.mlx}" + ("" if table.complete else " · incomplete"))
-    for col in ("layer shape", "rows", "kernel", "vs MLX"):
+    for col in ("layer shape", "rows", "kernel", f"vs MLX ({table.clock} time)"):
         out.add_column(col)
     for key, choices in sorted(table.choices.items()):
         timings = table.timings_us.get(key, {})
@@ -88,7 +88,8 @@ def tune(
     rows: Optional[str] = typer.Option(None, "--rows",
                                        help="Batch rows to tune, in this order: e.g. 1-16 or 8,16,2-7 "
                                             "(default: 2-32 on CUDA, 1-16 elsewhere)."),
-    rounds: int = typer.Option(7, "--rounds", help="Interleaved timing rounds per choice."),
+    rounds: int = typer.Option(7, "--rounds", help="Interleaved timing rounds per choice (on CUDA three times "
+                               "as many, each a short chain timed by the GPU's own clock)."),
     only: Optional[str] = typer.Option(None, "--only",
                                        help="Try only candidates whose names contain one of these "
                                             "(comma-separated), e.g. qmma,mlx-pad8; MLX's op is always timed."),

@@ -380,10 +380,11 @@ def _kernel(backend: str, variant: str):
 
 def tuning_rows(backend: str) -> list[int]:
     """Row counts worth tuning on `backend`: 2..WIDE_MAX_ROWS on CUDA, 1..MAX_ROWS elsewhere.
-    For one row MLX's vector kernel stays on CUDA: inside an H200 model step our 1-row kernel
-    read the 12.5 MB down_proj at 430 GB/s (29 us a call), MLX's 1-row calls the other layers
-    at 610 GB/s (1.57 GB in 2.58 ms, step_kernels-gpu-20261130-081928.json), yet timed in a
-    chain the two were within 3% (host-bound: about 43 us a call for every candidate)."""
+    For one row MLX's vector kernel stays on CUDA. On the H200 the tensor-core kernel took less
+    device time at one row (tuning_table-gpu-20261130-224900.json: 1.5-2.8x by layer shape),
+    yet engines given those choices decoded one stream no faster (176-225 tok/s, two tables, against
+    MLX's 230-236 in processes taken in turn, process_spread-gpu-20261130-230055.json): that
+    step is bound by the host, and one row saves little device time on a 4B model."""
     if backend == "cuda":
         return list(range(2, WIDE_MAX_ROWS + 1))
     return list(range(1, MAX_ROWS + 1))
@@ -410,6 +411,11 @@ class QmvKernel:
     unroll: int = 1  # tensor: chunks of K loaded together (and as many more in flight)
     wide: bool = False  # tensor: 17..WIDE_MAX_ROWS rows instead of 1..MAX_ROWS
     k_split: int = 1  # tensor: blocks per column tile, each over an interleaved part of K
+
+    @property
+    def launches(self) -> int:
+        """Kernels a call queues: K split adds the kernel that sums the partials."""
+        return 2 if self.k_split > 1 else 1
 
     @property
     def variant(self) -> str:

@@ -37,6 +37,7 @@ class DequantizedCandidate:
     wins where MLX's quantized op is slow (its CPU backend) and loses on GPUs."""
 
     name = "mlx-dequant"
+    launches = 2  # kernels a call queues (tuning weighs their host cost on CUDA)
 
     def supports(self, rows: int, bits: int, group_size: int, dtype, scales_dtype) -> bool:
         return True
@@ -54,6 +55,7 @@ class PaddedCandidate:
     def __init__(self, rows_to: int = 8):
         self.rows_to = rows_to
         self.name = f"mlx-pad{rows_to}"
+        self.launches = 3  # pad, matmul, slice
 
     def supports(self, rows: int, bits: int, group_size: int, dtype, scales_dtype) -> bool:
         return 1 < rows < self.rows_to
@@ -65,6 +67,13 @@ class PaddedCandidate:
         padded = mx.concatenate([flat, mx.zeros((self.rows_to - rows, k), dtype=x.dtype)])
         y = quantized_matmul(padded, w, scales, biases, group_size, bits)[:rows]
         return y.reshape(*lead, y.shape[-1])
+
+
+def random_rows(rows: int, k: int, dtype) -> mx.array:
+    """A fresh random activation x (rows, k)."""
+    x = mx.random.normal((rows, k), key=mx.random.key(_fresh_seed())).astype(dtype)
+    mx.eval(x)
+    return x
 
 
 def random_problem(rows: int, n: int, k: int, bits: int, group_size: int, dtype,
@@ -99,20 +108,24 @@ def cold_problems(rows: int, n: int, k: int, bits: int, group_size: int, dtype,
     return x, copies
 
 
-def rotating(fn, x: mx.array, copies: list, group_size: int, bits: int):
-    """A zero-argument call of `fn(x, w, scales, biases, group_size, bits)` on the next copy,
-    whose input waits for the previous call's output: the calls run one after another on
-    the device, as a model's layers do. Independent calls may run side by side on CUDA (MLX
-    builds a graph of them), which flatters a kernel that fills few of the GPU's SMs: MLX's
-    8-row matrix kernel uses one block per 128 output columns (20 of the H200's 132 SMs for
-    N = 2560), and took 52 us a call inside a model's step (step_kernels-gpu-20261130-081928.json)
-    where side-by-side timing gave ~29 us (tuning_table-gpu-20261130-053213.json)."""
-    turn = itertools.cycle(copies)
+def rotating(fn, x: mx.array, copies: list, group_size: int, bits: int, turn=None):
+    """A call of `fn(x, w, scales, biases, group_size, bits)` on the next copy, whose input
+    waits for the previous call's output (or for `after`, when given): the calls run one
+    after another on the device, as a model's layers do. Independent calls may run side by
+    side on CUDA (MLX builds a graph of them), which flatters a kernel that fills few of the
+    GPU's SMs: MLX's 8-row matrix kernel uses one block per 128 output columns (20 of the
+    H200's 132 SMs for N = 2560), and took 52 us a call inside a model's step
+    (step_kernels-gpu-20261130-081928.json) where side-by-side timing gave ~29 us
+    (tuning_table-gpu-20261130-053213.json). Functions given one shared `turn` (a cycle
+    over `copies`) take the copies in turn between them: none re-reads a copy another just
+    left in cache."""
+    turn = itertools.cycle(copies) if turn is None else turn
     zero = mx.array(0, dtype=x.dtype)
     last: list[mx.array] = []
 
-    def call() -> mx.array:
-        start = _link(x, last[0], zero) if last else x
+    def call(after: mx.array | None = None) -> mx.array:
+        before = after if after is not None else (last[0] if last else None)
+        start = _link(x, before, zero) if before is not None else x
         out = fn(start, *next(turn), group_size, bits)
         last[:] = [out]
         return out

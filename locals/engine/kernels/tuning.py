@@ -9,6 +9,7 @@ table lives in `cache_dir()/tuning/`, one JSON file per chip + MLX version.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import statistics
@@ -20,14 +21,22 @@ from typing import Callable
 import mlx.core as mx
 
 from locals.config import cache_dir
-from locals.engine.kernels import qmm
+from locals.engine.kernels import clock, qmm
 from locals.engine.kernels.reference import (DequantizedCandidate, PaddedCandidate, cold_problems, quantized_matmul,
-                                             rotating)
+                                             random_rows, rotating)
 from locals.engine.kernels.verify import DEFAULT_ROWS, DEFAULT_SHAPES, Case, check, default_cases, passes, verify
 
 MLX_OP = "mlx"  # the choice that means "keep MLX's own quantized_matmul"
 MARGIN = 0.03
-FORMAT = 1
+# Host work per kernel a call queues, weighed against device time on CUDA: on the H200 a
+# B = 8 decode step of a 4B model spent 4.0-5.9 ms building and queuing 406 kernels
+# (Python 1.6-2.4 ms, MLX's async_eval 2.4-3.3 ms) and waited 0.01 ms for the device
+# (step_profile-gpu-20261130-230320.json and the four after it). A K-split call's second
+# kernel saved 3.7 us of device time on 2560x9728 at 8 rows, and tables that took it
+# decoded 5-10% slower than tables that did not.
+HOST_US_PER_LAUNCH = 10.0
+# 2: CUDA tables timed by device time (clock.py); tables timed by the host clock are re-tuned.
+FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class TuningTable:
     rejected: dict[str, str] = field(default_factory=dict)
     complete: bool = False
     format: int = FORMAT
+    clock: str = "host"  # what the timings are: "device" (CUDA stamps, clock.py) or "host"
 
     def choice(self, key: str, rows: int) -> str:
         return self.choices.get(key, {}).get(str(rows), MLX_OP)
@@ -117,26 +127,33 @@ def default_candidates(kind: str) -> list:
     return [*qmm.candidates(kind), PaddedCandidate(8), DequantizedCandidate()]
 
 
+def wall_time(fn: Callable[[], mx.array], repeats: int) -> float:
+    """Host seconds per call of `repeats` calls evaluated together (building them included)."""
+    start = time.perf_counter()
+    mx.eval([fn() for _ in range(repeats)])
+    return (time.perf_counter() - start) / repeats
+
+
 def measure(fns: dict[str, Callable[[], mx.array]], rounds: int = 7, repeats: int = 20,
-            pause: Callable[[], bool] | None = None) -> dict[str, list[float]] | None:
+            pause: Callable[[], bool] | None = None,
+            timer: Callable[[Callable, int], float] = wall_time) -> dict[str, list[float]] | None:
     """Seconds per call of each function: interleaved rounds, every sample kept.
 
-    Each sample evaluates `repeats` calls together, because timing only the last of
-    several lazy results would miss the others; functions made by `rotating` take a new
-    copy of the weights each call (`cold_problems`) and chain the calls, so they run one
-    after another on the device as a model's layers do. None
-    when `pause()` turned True between rounds (the samples are incomplete and dropped).
+    Each sample times `repeats` calls together (`timer`: the host clock by default, or
+    clock.py's device stamps on CUDA), because timing only the last of several lazy results
+    would miss the others; functions made by `rotating` take a new copy of the weights each
+    call (`cold_problems`) and chain the calls, so they run one after another on the device
+    as a model's layers do. None when `pause()` turned True between rounds (the samples are
+    incomplete and dropped).
     """
     for fn in fns.values():
-        mx.eval(fn())  # compile and warm up outside the samples
+        timer(fn, 1)  # compile and warm up outside the samples
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         if pause is not None and pause():
             return None
         for name, fn in fns.items():
-            start = time.perf_counter()
-            mx.eval([fn() for _ in range(repeats)])
-            samples[name].append((time.perf_counter() - start) / repeats)
+            samples[name].append(timer(fn, repeats))
     return samples
 
 
@@ -173,22 +190,35 @@ def screen(candidates: list, problems: list[Problem], table: TuningTable,
 
 
 def _tune_one(problem: Problem, rows: int, candidates: list, rounds: int, repeats: int,
-              pause: Callable[[], bool] | None = None) -> tuple[str, dict] | None:
+              pause: Callable[[], bool] | None = None, copies: list | None = None) -> tuple[str, dict] | None:
     """The fastest verified choice for one (problem, rows) and the median microseconds of each;
-    None when `pause()` interrupted the timing."""
+    None when `pause()` interrupted the timing. `copies`: the problem's cold weights, when
+    the caller made them once for all its row counts."""
     dtype = problem.mx_dtype
     usable = [c for c in candidates if c.supports(rows, problem.bits, problem.group_size, dtype, dtype)]
     case = Case(rows, problem.n, problem.k, problem.bits, problem.group_size, dtype)
     usable = [c for c in usable if check(c, case).ok]  # this exact shape, fresh data
-    x, copies = cold_problems(rows, problem.n, problem.k, problem.bits, problem.group_size, dtype)
-    fns = {name: rotating(fn, x, copies, problem.group_size, problem.bits)
+    if copies is None:
+        copies = cold_problems(1, problem.n, problem.k, problem.bits, problem.group_size, dtype)[1]
+    x = random_rows(rows, problem.k, dtype)
+    turn = itertools.cycle(copies)  # shared: consecutive samples read different copies
+    fns = {name: rotating(fn, x, copies, problem.group_size, problem.bits, turn)
            for name, fn in [(MLX_OP, quantized_matmul), *((c.name, c) for c in usable)]}
-    samples = measure(fns, rounds, max(repeats, len(copies)), pause)
+    device_timer = clock.timer(dtype)
+    if device_timer is not None:  # CUDA: device time of as many calls as one CUDA graph holds,
+        # in three times the rounds (a sample is a few calls; the timer ticks in ~1 us or less)
+        samples = measure(fns, 3 * rounds, clock.calls_per_graph(), pause, device_timer)
+    else:
+        samples = measure(fns, rounds, max(repeats, len(copies)), pause)
     if samples is None:
         return None
     medians = {name: statistics.median(s) * 1e6 for name, s in samples.items()}
-    best = min(medians, key=medians.get)
-    choice = best if medians[best] < medians[MLX_OP] * (1 - MARGIN) else MLX_OP
+    # The host clock already holds each call's host work; device time does not, so a call
+    # that queues more kernels pays for the extra ones.
+    extra = {c.name: HOST_US_PER_LAUNCH * (getattr(c, "launches", 1) - 1) if device_timer else 0.0 for c in usable}
+    cost = {name: us + extra.get(name, 0.0) for name, us in medians.items()}
+    best = min(cost, key=cost.get)
+    choice = best if cost[best] < cost[MLX_OP] * (1 - MARGIN) else MLX_OP
     return choice, {name: round(us, 2) for name, us in medians.items()}
 
 
@@ -208,6 +238,7 @@ def tune(problems: list[Problem], rows: range | list[int] | None = None, candida
     if table is None:
         table = new_table()
     table.complete = False  # until every (problem, rows) asked for here is done
+    table.clock = "device" if clock.timer(mx.float16) is not None else "host"
     pool = default_candidates(kind) if candidates is None else candidates
     if not screened:
         pool = screen(pool, problems, table, progress, screen_shapes, pause=pause, max_rows=max(rows))
@@ -215,12 +246,16 @@ def tune(problems: list[Problem], rows: range | list[int] | None = None, candida
             return table
     for problem in problems:
         done = table.choices.setdefault(problem.key, {})
+        copies = None  # made once a problem, for all its row counts
         for m in rows:
             if str(m) in done:
                 continue
             if pause is not None and pause():
                 return table
-            tuned = _tune_one(problem, m, pool, rounds, repeats, pause)
+            if copies is None:
+                copies = cold_problems(1, problem.n, problem.k, problem.bits, problem.group_size,
+                                       problem.mx_dtype)[1]
+            tuned = _tune_one(problem, m, pool, rounds, repeats, pause, copies)
             if tuned is None:
                 return table
             choice, timings = tuned
