@@ -145,3 +145,20 @@ def test_device_stamps_order_and_time_a_chain():
     one = sorted(timer(call, 1) for _ in range(5))[2]
     six = sorted(timer(call, 6) * 6 for _ in range(5))[2]
     assert 0 < one < 0.01 and one < six < 0.1
+
+
+GLU_KERNELS = [k for k in qmm.candidates("cuda") if k.takes_glu and (k.unroll > 1 or k.k_split > 1 or k.wide
+                                                                       or k.name == "cuda-qmma-r16-t256")]
+
+
+@pytest.mark.parametrize("kernel", GLU_KERNELS, ids=lambda k: k.name)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "f16"])
+def test_cuda_tensor_kernel_folds_swiglu(kernel, dtype):
+    # [gate | up] in, silu(gate) * up times the weights out, against the float32 truth, on
+    # odd column counts and K of an odd number of groups, at each row tile's edges.
+    from locals.engine.kernels import glu
+
+    rows = [m for m in (1, 5, 8, 13, 16, 17, 21, 32) if kernel.supports(m, 4, 64, dtype, dtype)]
+    for n, k in ((97, 640), (1000, 1920)):
+        for m in rows:
+            assert glu.check(kernel, m, n, k, 4, 64, dtype) == "", (m, n, k)

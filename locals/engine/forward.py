@@ -192,8 +192,13 @@ def _finish(layer, h: mx.array, o: mx.array) -> tuple[mx.array, mx.array]:
     h, x = _add_norm(layer.post_attention_layernorm, h, layer.self_attn.o_proj(o.reshape(o.shape[0], -1)))
     mlp = layer.mlp
     if "fused_gate_up" in mlp and x.shape[0] <= JOINED_MAX_TOKENS["fused_gate_up"]:  # one matmul (fuse.py)
-        gate, up = mx.split(mlp.fused_gate_up(x), 2, axis=-1)
-        return h, mlp.down_proj(swiglu(gate, up))
+        gate_up = mlp.fused_gate_up(x)
+        folded = getattr(mlp.down_proj, "glu", None)  # activation inside down_proj's kernel (kernels/glu.py)
+        out = folded(gate_up) if folded is not None else None
+        if out is None:
+            gate, up = mx.split(gate_up, 2, axis=-1)
+            out = mlp.down_proj(swiglu(gate, up))
+        return h, out
     return h, mlp(x)
 
 

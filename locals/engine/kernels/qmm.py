@@ -437,8 +437,17 @@ class QmvKernel:
         return (low <= rows <= high and bits in SUPPORTED_BITS and group_size in SUPPORTED_GROUPS
                 and dtype in SUPPORTED_DTYPES and scales_dtype == dtype)
 
+    @property
+    def takes_glu(self) -> bool:
+        """Whether a call can take an MLP's joined [gate | up] output with `glu=True` (qmm_mma.py)."""
+        return self.tensor
+
     def __call__(self, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
-                 group_size: int, bits: int) -> mx.array:
+                 group_size: int, bits: int, glu: bool = False) -> mx.array:
+        """x @ dequantize(w).T; with `glu` (tensor kernels), silu(gate) * up @ dequantize(w).T
+        for x = [gate | up] twice as wide as w's K."""
+        if glu and not self.takes_glu:
+            raise ValueError(f"{self.name} does not take a joined gate/up input")
         *lead, k = x.shape
         rows = math.prod(lead)
         n = w.shape[0]
@@ -447,7 +456,7 @@ class QmvKernel:
             bucket = 8 if rows <= 8 else (16 if rows <= 16 else 32)
             template = [("T", x.dtype), ("MB", bucket), ("NC", self.cols_per_warp // 16),
                         ("NT", self.threads), ("GS", group_size), ("F16", x.dtype == mx.float16),
-                        ("U", self.unroll), ("KS", self.k_split)]
+                        ("U", self.unroll), ("KS", self.k_split), ("GLU", glu)]
         else:
             template = [("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
                         ("BITS", bits), ("GS", group_size)] + ([("NT", self.threads)] if self.split else [])

@@ -21,6 +21,10 @@ mma's 16 k positions are the lane's own values, paired as the dequantization tri
 them: `word & 0x000F000F` holds nibbles 0 and 4, `>> 4` nibbles 1 and 5, and so on; x's
 pairs are rearranged to match with one byte-permute each. The next chunk's loads are issued before this chunk's
 arithmetic (two register stages of U chunks each: more bytes in flight per warp).
+
+With GLU, x is an MLP's joined gate/up output (M, 2K) and the kernel multiplies
+silu(gate) * up, computed in float as x is loaded: the down projection takes the joined
+output as it is, one kernel a layer fewer (glu.py verifies it before the engine uses it).
 """
 
 from __future__ import annotations
@@ -29,6 +33,21 @@ CUDA_MMA_HEADER = r"""
 __device__ inline void locals_store(float* p, size_t i, float v) { p[i] = v; }
 template <typename U>
 __device__ inline void locals_store(U* p, size_t i, float v) { p[i] = static_cast<U>(v); }
+// SwiGLU of eight gate and eight up values (16-byte loads of a 2-byte type), in float,
+// rounded once to U.
+template <typename U>
+__device__ inline uint4 locals_glu(uint4 gv, uint4 uv) {
+  uint4 out;
+  const U* gate = reinterpret_cast<const U*>(&gv);
+  const U* up = reinterpret_cast<const U*>(&uv);
+  U* o = reinterpret_cast<U*>(&out);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float a = static_cast<float>(gate[j]);
+    o[j] = static_cast<U>(a / (1.0f + expf(-a)) * static_cast<float>(up[j]));
+  }
+  return out;
+}
 """
 
 CUDA_MMA_SOURCE = r"""
@@ -89,10 +108,15 @@ CUDA_MMA_SOURCE = r"""
 #pragma unroll
     for (int i = 0; i < TILES; ++i) {
       const int m = g + 8 * i;
-      const uint4* xp = reinterpret_cast<const uint4*>(x + size_t(m) * K + k0);
+      // GLU: x rows are [gate | up] (2K wide) and the product takes silu(gate) * up.
+      const uint4* xp = reinterpret_cast<const uint4*>(x + size_t(m) * (GLU ? 2 * K : K) + k0);
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
-        st.xv[i][v] = (kin && m < M) ? xp[v] : make_uint4(0u, 0u, 0u, 0u);
+        if (kin && m < M) {
+          st.xv[i][v] = GLU ? locals_glu<T>(xp[v], xp[v + K / 8]) : xp[v];
+        } else {
+          st.xv[i][v] = make_uint4(0u, 0u, 0u, 0u);
+        }
       }
     }
   };

@@ -9,6 +9,7 @@ Without a table nothing changes.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
+from locals.engine.kernels import glu
 from locals.engine.kernels.tuning import MLX_OP, Problem, TuningTable, current_chip, default_candidates, load_table
 
 
@@ -70,19 +72,40 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
         y = kernel(x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits)
         return y + self["bias"] if "bias" in self else y
 
+    def glu(self, gu: mx.array) -> mx.array | None:
+        """This layer applied to silu(gate) * up for gu = [gate | up], in one kernel where
+        glu.py verified it for gu's row count; None otherwise (the caller applies the
+        activation and calls the layer)."""
+        rows = math.prod(gu.shape[:-1])
+        if rows not in self._routes.glu_rows or _bypass["depth"] or gu.dtype != self["scales"].dtype:
+            return None
+        y = self._routes.get(rows)(gu, self["weight"], self["scales"], self["biases"], self.group_size, self.bits,
+                                   glu=True)
+        return y + self["bias"] if "bias" in self else y
+
+    def fold_glu(self) -> int:
+        """Check the joined gate/up form of this layer's kernels on this device (a down
+        projection's; glu.py) and use it for the row counts that pass; returns how many."""
+        n, packed = self["weight"].shape
+        self._routes.glu_rows = glu.foldable_rows(self._routes.kernels, n, packed * 32 // self.bits, self.bits,
+                                                  self.group_size, self["scales"].dtype)
+        return len(self._routes.glu_rows)
+
 
 class _Routes:
     """Row count -> kernel; absent row counts use MLX's op."""
 
     def __init__(self, kernels: dict[int, object]):
-        self._kernels = dict(kernels)
+        self.kernels = dict(kernels)
+        self.glu_rows: set[int] = set()  # row counts whose kernel also takes [gate | up] (fold_glu)
 
     def get(self, rows: int):
-        return self._kernels.get(rows)
+        return self.kernels.get(rows)
 
     def __repr__(self) -> str:
-        names = sorted({k.name for k in self._kernels.values()})
-        return f"rows {sorted(self._kernels)} -> {', '.join(names)}"
+        names = sorted({k.name for k in self.kernels.values()})
+        folded = f", gate/up folded at rows {sorted(self.glu_rows)}" if self.glu_rows else ""
+        return f"rows {sorted(self.kernels)} -> {', '.join(names)}{folded}"
 
 
 def layer_problem(layer: nn.Module) -> Problem | None:
@@ -130,6 +153,13 @@ def patch_model(model: nn.Module, table: TuningTable | None = None) -> int:
         tuned = tuned_linear(layer, table, candidates)
         if tuned is not layer:
             swaps.append((path, tuned))
+    # Opt-in until measured: on the H200 it verified, but two pairs of engine processes at
+    # B = 8 (1557 vs 1655 and 1498 vs 1122 tok/s, folded first) fell within the spread
+    # between processes (docs/benchmarks.md, the seventh set of runs).
+    fold = os.environ.get("LOCALS_GLU_FOLD", "").strip().lower() in ("1", "true", "on", "yes")
+    for path, tuned in swaps:
+        if fold and path.endswith("mlp.down_proj"):  # takes the joined gate/up output as it is (forward.py)
+            tuned.fold_glu()
     if swaps:
         model.update_modules(tree_unflatten(swaps))
         modules_swapped()

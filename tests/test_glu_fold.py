@@ -1,0 +1,116 @@
+"""SwiGLU folded into down_proj's kernel (kernels/glu.py): the truth it is checked against, which
+row counts get folded, the layer's `glu` call, and a model's forward through it. The CUDA
+kernel itself runs only on its device (tests/test_kernels_cuda.py); here a candidate built
+from MLX's ops honours the same contract."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models.activations import swiglu
+
+from locals.engine import forward as fwd
+from locals.engine.forward import CompiledBlocks
+from locals.engine.fuse import fuse_projections
+from locals.engine.kernels import glu
+from locals.engine.kernels.reference import quantized_matmul, random_problem
+from locals.engine.kernels.registry import TunedQuantizedLinear, mlx_ops_only
+from tests.test_fuse import _qwen3
+from tests.test_fused_kernels import _run
+
+
+class OpsGlu:
+    """A kernel that also takes [gate | up] (`glu=True`), computed with MLX's ops; `wrong`
+    drops the gate's activation, a plausible bug."""
+
+    takes_glu = True
+
+    def __init__(self, name: str = "ops-glu", wrong: bool = False):
+        self.name, self.wrong, self.folded = name, wrong, 0
+
+    def __call__(self, x, w, scales, biases, group_size, bits, glu=False):
+        if glu:
+            self.folded += 1
+            gate, up = mx.split(x, 2, axis=-1)
+            x = gate * up if self.wrong else swiglu(gate, up)
+        return quantized_matmul(x, w, scales, biases, group_size, bits)
+
+
+def test_truth_is_the_activation_then_the_matmul():
+    _x, w, scales, biases = random_problem(1, 40, 128, 4, 64, mx.float32)
+    gu = mx.random.normal((3, 256))
+    gate, up = mx.split(gu, 2, axis=-1)
+    expected = quantized_matmul(swiglu(gate, up), w, scales, biases, 64, 4)
+    np.testing.assert_allclose(np.array(glu.reference(gu, w, scales, biases, 64, 4)), np.array(expected),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_rows_fold_only_for_kernels_that_take_gate_up_and_pass():
+    plain = type("Plain", (), {"name": "plain", "takes_glu": False})()
+    good, bad = OpsGlu("good"), OpsGlu("bad", wrong=True)
+    routes = {1: good, 2: good, 9: good, 12: good, 3: bad, 4: plain}
+    assert glu.foldable_rows(routes, 33, 128, 4, 64, mx.float32) == {1, 2, 9, 12}
+    # Per kernel and row tile, the fewest and the most rows it serves are checked, once each.
+    checked = {key[:2] for key in glu._VERDICTS if key[0] in ("good", "bad") and key[2:4] == (33, 128)}
+    assert checked == {("good", 1), ("good", 2), ("good", 9), ("good", 12), ("bad", 3)}
+    assert "error" in glu.verified(bad, 3, 33, 128, 4, 64, mx.float32)
+
+
+def _layer(n=48, k=128):
+    mx.random.seed(2)
+    layer = nn.QuantizedLinear(k, n, bias=False, group_size=64, bits=4)
+    mx.eval(layer.parameters())
+    return layer
+
+
+def test_a_layer_folds_the_rows_that_passed_and_no_others():
+    kernel = OpsGlu("ops-glu-layer")
+    tuned = TunedQuantizedLinear(_layer(), {2: kernel, 5: kernel})
+    assert tuned.glu(mx.zeros((2, 256))) is None  # not checked yet
+    assert tuned.fold_glu() == 2 and "gate/up folded at rows [2, 5]" in repr(tuned._routes)
+    gu = mx.random.normal((2, 256))
+    gate, up = mx.split(gu, 2, axis=-1)
+    np.testing.assert_allclose(np.array(tuned.glu(gu)), np.array(tuned(swiglu(gate, up))), rtol=1e-5, atol=1e-5)
+    assert tuned.glu(mx.zeros((3, 256))) is None  # no route for 3 rows: MLX's ops
+    with mlx_ops_only():
+        assert tuned.glu(gu) is None
+    assert kernel.folded == 2 + 1  # one 8-row tile checked at 2 and 5 rows, then the call above
+
+
+def test_forward_folds_the_activation_into_down_proj(monkeypatch):
+    model = _qwen3(True)
+    fuse_projections(model)
+    monkeypatch.setattr(fwd, "JOINED_MAX_TOKENS", {"fused_qkv": 64, "fused_gate_up": 64})
+    prompt = [5, 17, 42, 7, 99, 3]
+    before = _run(model, prompt, CompiledBlocks())
+    kernel = OpsGlu()
+    for layer in model.model.layers:
+        layer.mlp.down_proj = TunedQuantizedLinear(layer.mlp.down_proj, {1: kernel})
+        assert layer.mlp.down_proj.fold_glu() == 1
+    checks = kernel.folded
+    after = _run(model, prompt, CompiledBlocks())
+    for a, b in zip(after, before):
+        np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)
+    # The two decode steps (one row) folded the activation in every layer; the prompt did not.
+    assert kernel.folded - checks >= len(model.model.layers)
+
+
+def test_patching_folds_down_projections_when_switched_on(monkeypatch):
+    from locals.engine.kernels import registry
+    from locals.engine.kernels.registry import layer_problem, patch_model
+    from locals.engine.kernels.tuning import TuningTable
+
+    kernel = OpsGlu("ops-glu-patch")
+    monkeypatch.setattr(registry, "_candidates_by_name", lambda: {kernel.name: kernel})
+    for setting, folded in (("1", {1, 4}), ("", set()), ("0", set())):
+        monkeypatch.setenv("LOCALS_GLU_FOLD", setting)
+        model = _qwen3(True)
+        layers = model.model.layers
+        keys = {layer_problem(layer.mlp.down_proj).key for layer in layers}
+        keys.add(layer_problem(layers[0].mlp.up_proj).key)
+        table = TuningTable(chip="test", mlx=mx.__version__, kernels="test", complete=True,
+                            choices={key: {"1": kernel.name, "4": kernel.name} for key in keys})
+        assert patch_model(model, table) > 0
+        assert all(layer.mlp.down_proj._routes.glu_rows == folded for layer in layers)
+        assert all(not layer.mlp.up_proj._routes.glu_rows for layer in layers)  # only down projections
