@@ -3,7 +3,7 @@
 Timed with the host clock, a chain of one-kernel calls measures the slower of host and
 device; on the H200 MLX's host work per call from Python (40-100 us) is far slower than
 a 4B model's matmuls (5-18 us each inside a step), so every candidate timed about the
-same and tuning ranked them by noise. Here a one-thread kernel reads the GPU's global
+same and tuning ranked them by host cost and noise. Here a one-thread kernel reads the GPU's global
 nanosecond timer (`%globaltimer`) once its input is ready, and two of them bracket a
 chain that MLX captures into one CUDA graph: the difference is device time, launch gaps
 between the graph's nodes included, as in a model's step. Elsewhere (Metal, CPU) `timer`
@@ -27,8 +27,9 @@ CUDA_STAMP_SOURCE = r"""
     zero[0] = static_cast<T>(0.0f);
   }
 """
-# MLX ends a CUDA graph after this many nodes (MLX_MAX_OPS_PER_BUFFER); a chain that spans
-# two graphs could include host time between them.
+# MLX ends a CUDA graph after this many nodes on most GPUs (100 on H100/H200-class ones;
+# MLX_MAX_OPS_PER_BUFFER overrides both); a chain that spans two graphs could include host
+# time between them.
 MLX_NODES_PER_GRAPH = 20
 NODES_PER_CALL = 3  # the link before a call, the call, and a second kernel for K-split calls
 

@@ -32,8 +32,8 @@ MARGIN = 0.03
 # B = 8 decode step of a 4B model spent 4.0-5.9 ms building and queuing 406 kernels
 # (Python 1.6-2.4 ms, MLX's async_eval 2.4-3.3 ms) and waited 0.01 ms for the device
 # (step_profile-gpu-20261130-230320.json and the four after it). A K-split call's second
-# kernel saved 3.7 us of device time on 2560x9728 at 8 rows, and tables that took it
-# decoded 5-10% slower than tables that did not.
+# kernel saved 3.7 us of device time on 2560x9728 at 8 rows, and the table that took it
+# decoded slower than one that did not in five of six pairs of processes (docs/benchmarks.md).
 HOST_US_PER_LAUNCH = 10.0
 # 2: CUDA tables timed by device time (clock.py); tables timed by the host clock are re-tuned.
 FORMAT = 2
