@@ -11,11 +11,10 @@ every other backend, keep MLX's activation and the plain matmul.
 
 from __future__ import annotations
 
-import os
-
 import mlx.core as mx
 
-from locals.engine.kernels.reference import dequantized_matmul, random_problem
+from locals.engine.kernels.qmm import tensor_tile
+from locals.engine.kernels.reference import dequantized_matmul, random_problem, random_rows
 from locals.engine.kernels.verify import compare
 
 _VERDICTS: dict[tuple, str] = {}  # (kernel name, rows, n, k, bits, group, dtype) -> "" or why not
@@ -34,8 +33,7 @@ def check(kernel, rows: int, n: int, k: int, bits: int, group_size: int, dtype) 
     """"" when `kernel(gu, …, glu=True)` matches the truth on fresh random data of this shape,
     otherwise why not."""
     _x, w, scales, biases = random_problem(1, n, k, bits, group_size, dtype)
-    seed = int.from_bytes(os.urandom(4), "little")  # fresh data every run
-    gu = (2 * mx.random.normal((rows, 2 * k), key=mx.random.key(seed))).astype(dtype)
+    gu = (2 * random_rows(rows, 2 * k, mx.float32)).astype(dtype)  # fresh data every run
     truth = reference(gu, w, scales, biases, group_size, bits)
     try:
         got = kernel(gu, w, scales, biases, group_size, bits, glu=True)
@@ -60,7 +58,7 @@ def foldable_rows(routes: dict[int, object], n: int, k: int, bits: int, group_si
     tiles: dict[tuple[str, int], list[int]] = {}
     for rows, kernel in routes.items():
         if getattr(kernel, "takes_glu", False):
-            tiles.setdefault((kernel.name, 8 if rows <= 8 else (16 if rows <= 16 else 32)), []).append(rows)
+            tiles.setdefault((kernel.name, tensor_tile(rows)), []).append(rows)
     ok: set[int] = set()
     for (_name, _tile), served in tiles.items():
         kernel = routes[served[0]]

@@ -380,11 +380,9 @@ def _kernel(backend: str, variant: str):
 
 def tuning_rows(backend: str) -> list[int]:
     """Row counts worth tuning on `backend`: 2..WIDE_MAX_ROWS on CUDA, 1..MAX_ROWS elsewhere.
-    For one row MLX's vector kernel stays on CUDA. On the H200 the tensor-core kernel took less
-    device time at one row (tuning_table-gpu-20261130-224900.json: 1.5-2.8x by layer shape),
-    yet engines given those choices decoded one stream no faster (176-225 tok/s, two tables, against
-    MLX's 230-236 in processes taken in turn, process_spread-gpu-20261130-230055.json): that
-    step is bound by the host, and one row saves little device time on a 4B model."""
+    One row keeps MLX's vector kernel on CUDA: on the H200 the tensor-core kernel took 1.5-2.8x
+    less device time there (tuning_table-gpu-20261130-224900.json), yet one stream decoded no
+    faster (176-225 against 230-236 tok/s, process_spread-gpu-20261130-230055.json): host-bound."""
     if backend == "cuda":
         return list(range(2, WIDE_MAX_ROWS + 1))
     return list(range(1, MAX_ROWS + 1))
@@ -393,6 +391,11 @@ def tuning_rows(backend: str) -> list[int]:
 def row_bucket(rows: int) -> int:
     """The compiled row count that serves `rows` (the smallest bucket >= rows)."""
     return next(b for b in ROW_BUCKETS if b >= rows)
+
+
+def tensor_tile(rows: int) -> int:
+    """The rows the tensor-core kernel is compiled for (8-row tiles): 8, 16 or 32."""
+    return 8 if rows <= 8 else (16 if rows <= 16 else 32)
 
 
 @dataclass(frozen=True)
@@ -413,8 +416,11 @@ class QmvKernel:
     k_split: int = 1  # tensor: blocks per column tile, each over an interleaved part of K
 
     @property
-    def launches(self) -> int:
-        """Kernels a call queues: K split adds the kernel that sums the partials."""
+    def takes_glu(self) -> bool:  # the joined [gate | up] input, `glu=True` (qmm_mma.py)
+        return self.tensor
+
+    @property
+    def launches(self) -> int:  # kernels a call queues: K split adds the one that sums the partials
         return 2 if self.k_split > 1 else 1
 
     @property
@@ -437,15 +443,10 @@ class QmvKernel:
         return (low <= rows <= high and bits in SUPPORTED_BITS and group_size in SUPPORTED_GROUPS
                 and dtype in SUPPORTED_DTYPES and scales_dtype == dtype)
 
-    @property
-    def takes_glu(self) -> bool:
-        """Whether a call can take an MLP's joined [gate | up] output with `glu=True` (qmm_mma.py)."""
-        return self.tensor
-
     def __call__(self, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
                  group_size: int, bits: int, glu: bool = False) -> mx.array:
-        """x @ dequantize(w).T; with `glu` (tensor kernels), silu(gate) * up @ dequantize(w).T
-        for x = [gate | up] twice as wide as w's K."""
+        """x @ dequantize(w).T; with `glu` (tensor kernels, `takes_glu`), silu(gate) * up @
+        dequantize(w).T for x = [gate | up] twice as wide as w's K."""
         if glu and not self.takes_glu:
             raise ValueError(f"{self.name} does not take a joined gate/up input")
         *lead, k = x.shape
@@ -453,8 +454,7 @@ class QmvKernel:
         n = w.shape[0]
         x2 = x.reshape(rows, k)
         if self.tensor:  # one block per R columns; 8-row tiles, so three compiles in all
-            bucket = 8 if rows <= 8 else (16 if rows <= 16 else 32)
-            template = [("T", x.dtype), ("MB", bucket), ("NC", self.cols_per_warp // 16),
+            template = [("T", x.dtype), ("MB", tensor_tile(rows)), ("NC", self.cols_per_warp // 16),
                         ("NT", self.threads), ("GS", group_size), ("F16", x.dtype == mx.float16),
                         ("U", self.unroll), ("KS", self.k_split), ("GLU", glu)]
         else:
@@ -497,10 +497,9 @@ def candidates(backend: str) -> list[QmvKernel]:
               for r, t, u in ((16, 128, 1), (16, 256, 1), (32, 256, 1), (16, 128, 2), (16, 256, 2), (16, 512, 1))]
     # 17-32 rows: apart from the above so that one failing at 32 rows rejects only these.
     wide = [QmvKernel(backend, r, t, tensor=True, wide=True) for r, t in ((16, 128), (16, 256), (32, 256))]
-    # K split over 2 or 4 blocks a column tile, for layers with few columns (see qmm_mma.py).
-    # On the H200 (tuning_table-gpu-20261130-210300.json) seven such configurations verified
-    # and none won a case: the best came within 5% of the winner for 2560 columns at 8 rows
-    # (down_proj 61.0 vs 56.8 us, o_proj 44.1 vs 41.9). Those two are kept; the 128-thread,
-    # two-stage and 17-32-row ones trailed by 10-50% and are left out.
+    # K split over 2 or 4 blocks a column tile, for layers with few columns (see qmm_mma.py): on
+    # the H200 it wins down_proj by device time (17.6 vs 21.3 us at 8 rows), but not once its
+    # second kernel's host cost is charged (tuning.HOST_US_PER_LAUNCH). Five other configurations
+    # trailed by 10-50% (tuning_table-gpu-20261130-210300.json) and are left out.
     k_split = [QmvKernel(backend, 16, 256, tensor=True, k_split=ks) for ks in (2, 4)]
     return plain + staged + split + tensor + wide + k_split
