@@ -39,7 +39,7 @@ def filled_batch(tokens: int) -> tuple[DecodeBatch, list[RowKV]]:
         row.layers[0].update_and_fetch(k, k)
         batch.join(row)
         rows.append(row)
-    mx.eval(batch.keys, batch.values)
+    mx.eval(batch.kv)
     return batch, rows
 
 
@@ -52,9 +52,10 @@ def _read_step(batch: DecodeBatch, t: int, q: mx.array, work: mx.array) -> mx.ar
 def run(batch: DecodeBatch, rows: list[RowKV], steps: int, pipelined: bool, work: mx.array) -> dict:
     """`steps` of: attention over the cache plus `work` (the rest of a step), then the next K/V write."""
     lengths = np.array([r.length for r in rows], np.int32)
-    index = (mx.array(np.arange(ROWS, dtype=np.int32)[:, None, None]),
-             mx.array(np.arange(KV_HEADS, dtype=np.int32)[None, :, None]), mx.array(lengths[:, None, None]))
-    new = mx.ones((ROWS, KV_HEADS, 1, HEAD_DIM), mx.float16)
+    rows_at = np.concatenate([np.arange(ROWS), np.arange(ROWS) + batch.rows_cap]).astype(np.int32)
+    index = (mx.array(rows_at[:, None, None]), mx.array(np.arange(KV_HEADS, dtype=np.int32)[None, :, None]),
+             mx.array(np.concatenate([lengths, lengths])[:, None, None]))
+    new = mx.ones((2 * ROWS, KV_HEADS, 1, HEAD_DIM), mx.float16)
     q = mx.ones((ROWS, KV_HEADS, 1, HEAD_DIM), mx.float16)
     mx.eval(new, q, *index)
     mx.synchronize()
@@ -64,9 +65,9 @@ def run(batch: DecodeBatch, rows: list[RowKV], steps: int, pipelined: bool, work
     for _ in range(steps):
         step = _read_step(batch, int(lengths.max()), q, work)
         mx.async_eval(step) if pipelined else mx.eval(step)
-        batch.write(0, index, new, new)
-        mx.async_eval(batch.keys[0], batch.values[0])
-    mx.eval(batch.keys[0], batch.values[0], step)
+        batch.write(0, index, new)
+        mx.async_eval(batch.kv[0])
+    mx.eval(batch.kv[0], step)
     return {"s_per_step": (time.perf_counter() - start) / steps, "peak_above_mb": (mx.get_peak_memory() - base) / 2**20}
 
 
@@ -81,7 +82,7 @@ def main() -> None:
     batch, rows = filled_batch(args.tokens)
     work = mx.random.normal((args.work, args.work))  # the rest of a step, so a queued one is still running
     mx.eval(work)
-    cache_mb = batch.keys[0].nbytes / 2**20
+    cache_mb = batch.kv[0].nbytes / 2**20
     results = {"synced": [], "pipelined": []}
     for _ in range(args.rounds):
         for name in results:

@@ -174,7 +174,7 @@ def test_decode_batch_forward_matches_plain_model(tiny_llama, compile_layers):
     assert mx.allclose(out[1], _plain_last_logits(model, seqs[2]), atol=1e-4)
     kvs[1].release()
     kvs[2].release()
-    assert batch.members == [] and batch.keys == [] and batch.nbytes == 0
+    assert batch.members == [] and batch.kv == [] and batch.nbytes == 0
 
 
 @pytest.mark.parametrize("compile_layers", [False, True], ids=["plain", "compiled"])
@@ -222,16 +222,19 @@ def test_kv_write_indices_are_int32_and_full_shape(tiny_llama, monkeypatch):
     assert all(kv.resident for kv in kvs) and [kv.offset for kv in kvs] == [3, 4, 5]
     seen = []
     write = DecodeBatch.write
-    monkeypatch.setattr(DecodeBatch, "write", lambda self, li, index, k, v: seen.append((index, k.shape))
-                        or write(self, li, index, k, v))
+    monkeypatch.setattr(DecodeBatch, "write", lambda self, li, index, kv: seen.append((index, kv.shape))
+                        or write(self, li, index, kv))
     counts = (1, 3, 2)
     forward(model, [RowInput(mx.array([7] * n), n, kv, True, logits=n) for n, kv in zip(counts, kvs)])
-    assert len(seen) == len(model.layers)
-    for index, k_shape in seen:
+    assert len(seen) == len(model.layers)  # keys and values in one scatter a layer
+    for index, kv_shape in seen:
         assert [part.dtype for part in index] == [mx.int32] * 3
-        assert all(part.shape == (sum(counts), k_shape[1], 1) for part in index)
-    slots, _heads, positions = (np.array(part[:, 0, 0]) for part in seen[0][0])
-    assert slots.tolist() == [0, 1, 1, 1, 2, 2] and positions.tolist() == [3, 4, 5, 6, 5, 6]
+        assert kv_shape[0] == 2 * sum(counts)
+        assert all(part.shape == (2 * sum(counts), kv_shape[1], 1) for part in index)
+    rows, _heads, positions = (np.array(part[:, 0, 0]) for part in seen[0][0])
+    # The keys' rows are the slots; the values' rows sit rows_cap (4) further.
+    assert rows.tolist() == [0, 1, 1, 1, 2, 2, 4, 5, 5, 5, 6, 6]
+    assert positions.tolist() == [3, 4, 5, 6, 5, 6] * 2
 
 
 def test_compiled_layers_are_traced_again_when_modules_or_kernel_mode_change(tiny_llama):

@@ -44,13 +44,14 @@ def _llama(**extra):
 
 
 class OpsHeadPrep(HeadPrep):
-    """The kernel's contract computed with MLX's ops: q/k read at their column offsets."""
+    """The kernel's contract computed with MLX's ops: q/k/v read at their column offsets."""
 
-    def __call__(self, q_src, k_src, q_off, k_off, q_weight, k_weight, positions):
+    def __call__(self, q_src, k_src, v_src, offsets, q_weight, k_weight, positions):
         s = self.spec
+        (q_off, k_off, v_off), kv_cols = offsets, s.kv_heads * s.head_dim
         q = q_src[:, q_off:q_off + s.heads * s.head_dim]
-        k = k_src[:, k_off:k_off + s.kv_heads * s.head_dim]
-        return reference(q, k, s, q_weight, k_weight, positions)
+        k, v = k_src[:, k_off:k_off + kv_cols], v_src[:, v_off:v_off + kv_cols]
+        return reference(q, k, v, s, q_weight, k_weight, positions)
 
 
 def test_spec_covers_plain_rope_with_or_without_qk_norms():
@@ -106,14 +107,15 @@ def test_forward_through_the_contracts_computes_what_mlx_ops_compute(build, join
     seen, added = [], []
     _attach_ops(model, heads, norms)
     real_prep, real_add = OpsHeadPrep.__call__, OpsAddNorm.__call__
-    monkeypatch.setattr(OpsHeadPrep, "__call__", lambda self, *a: seen.append(a[2:4]) or real_prep(self, *a))
+    monkeypatch.setattr(OpsHeadPrep, "__call__", lambda self, *a: seen.append(a[3]) or real_prep(self, *a))
     monkeypatch.setattr(OpsAddNorm, "__call__", lambda self, *a: added.append(a[0].shape) or real_add(self, *a))
     after = _run(model, prompt, CompiledBlocks())
     for a, b in zip(after, before):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    q_cols = model.model.layers[0].self_attn.n_heads * 64
-    # Joined: q and k read from the one q/k/v output at their offsets; parts: from their own.
-    assert set(seen) == (({(0, q_cols)} if joined else {(0, 0)}) if heads else set())
+    attn = model.model.layers[0].self_attn
+    q_cols, kv_cols = attn.n_heads * 64, attn.n_kv_heads * 64
+    # Joined: q, k and v read from the one q/k/v output at their offsets; parts: from their own.
+    assert set(seen) == (({(0, q_cols, q_cols + kv_cols)} if joined else {(0, 0, 0)}) if heads else set())
     # Every add but the last layer's MLP residual (the final norm takes only the sampled rows):
     # 2 a layer less one, per pass; traced once per compiled shape, so at least one pass' worth.
     assert (len(added) >= 2 * len(model.model.layers) - 1) == norms
@@ -134,15 +136,18 @@ class _Broken(OpsHeadPrep):
         object.__setattr__(self, "how", how)
 
     def __call__(self, *args):
-        q, k = super().__call__(*args)
+        q, kv = super().__call__(*args)
         if self.how == "raise":
             raise RuntimeError("launch failed")
         if self.how == "nan":
-            return q, k * mx.array(float("nan"), dtype=k.dtype)
+            return q, kv * mx.array(float("nan"), dtype=kv.dtype)
         if self.how == "no-norm":  # rotated but never normalized
             plain = HeadSpec(**{**self.spec.__dict__, "norm": False})
             return OpsHeadPrep("cpu", plain, mx.float16)(*args)
-        return q[:, :, :, ::-1], k  # "pairs": q's values in the wrong order
+        if self.how == "values":  # the keys' rows repeated where the values go
+            half = kv.shape[0] // 2
+            return q, mx.concatenate([kv[:half], kv[:half]])
+        return q[:, :, :, ::-1], kv  # "pairs": q's values in the wrong order
 
 
 SPEC = HeadSpec(heads=6, kv_heads=2, head_dim=64, norm=True, eps=1e-6, traditional=False, base=1e6, scale=1.0)
@@ -154,7 +159,7 @@ def test_verifier_passes_the_contract_and_rejects_wrong_kernels():
     # (Broken ones through check(): verified() remembers a verdict per spec and dtype.)
     assert check(_Broken(SPEC, "raise"), 1, joined=False) == "raised RuntimeError: launch failed"
     assert check(_Broken(SPEC, "nan"), 3, joined=False) == "non-finite output"
-    for how in ("no-norm", "pairs"):
+    for how in ("no-norm", "pairs", "values"):
         assert check(_Broken(SPEC, how), 8, joined=True).startswith("error ")
 
 

@@ -48,15 +48,18 @@ class BatchPlan:
         batch.reserve(len(batch.members), self.t)
         # Every member in the pass, in slot order (the usual case): plain slices, no gather.
         self.slots = None if slots == list(range(len(batch.members))) else mx.array(slots)
-        # One scatter entry per new token: its row's slot and its position (the row's length
-        # plus the token's place among the row's new ones). All int32 (numpy's cumsum makes
-        # int64, and MLX casts mixed index dtypes to a common one: two casts a scatter) and
-        # already broadcast to (tokens, kv_heads, 1) (three Broadcast ops fewer a scatter).
+        # One scatter entry per new token's keys and one per its values: the row holding its
+        # slot's keys (then values, rows_cap further) and its position (the row's length plus
+        # the token's place among the row's new ones). All int32 (numpy's cumsum makes int64,
+        # and MLX casts mixed index dtypes to a common one: two casts a scatter) and already
+        # broadcast to (2 * tokens, kv_heads, 1) (three Broadcast ops fewer a scatter).
         starts = (np.cumsum(counts) - counts).astype(np.int32)
         within = np.arange(self.tokens, dtype=np.int32) - np.repeat(starts, counts)
-        index = np.broadcast_arrays(np.repeat(np.asarray(slots, np.int32), counts)[:, None, None],
-                                    np.arange(batch.keys[0].shape[1], dtype=np.int32)[None, :, None],
-                                    (np.repeat(lengths, counts) + within)[:, None, None])
+        rows = np.repeat(np.asarray(slots, np.int32), counts)
+        positions = np.repeat(lengths, counts) + within
+        index = np.broadcast_arrays(np.concatenate([rows, rows + batch.rows_cap])[:, None, None],
+                                    np.arange(batch.kv_heads, dtype=np.int32)[None, :, None],
+                                    np.concatenate([positions, positions])[:, None, None])
         self.index = tuple(mx.array(np.ascontiguousarray(part, dtype=np.int32)) for part in index)
         self.width = int(counts.max())
         if self.width == 1:
@@ -73,10 +76,10 @@ class BatchPlan:
         seen = lengths[:, None] + last  # the last position each query may attend to
         self.mask = mx.array((np.arange(self.t)[None, None] <= seen[:, :, None])[:, None])
 
-    def attend(self, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
-        """q (P, heads, 1, dim), k/v (P, kv_heads, 1, dim) of the plan's P tokens in order ->
-        (P, heads, 1, dim)."""
-        self.batch.write(li, self.index, k, v)
+    def attend(self, li: int, q: mx.array, kv: mx.array, scale: float) -> mx.array:
+        """q (P, heads, 1, dim) and kv (2P, kv_heads, 1, dim) (keys, then values) of the plan's
+        P tokens in order -> (P, heads, 1, dim)."""
+        self.batch.write(li, self.index, kv)
         keys, values = self.batch.view(li, self.t, self.slots)
         if self.gather is None:
             return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=self.mask)

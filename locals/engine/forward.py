@@ -109,15 +109,15 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
     if seams is None:
         m = None
         for li, layer in enumerate(layers):
-            h, q, k, v = _project(layer, h, positions, m)
-            h, m = _finish(layer, h, _attend(layer.self_attn, q, k, v, plan, others, spans, li))
+            h, q, kv = _project(layer, h, positions, m)
+            h, m = _finish(layer, h, _attend(layer.self_attn, q, kv, plan, others, spans, li))
         h = h + m
     else:
-        q, k, v = seams[0](h, positions)
+        q, kv = seams[0](h, positions)
         for li, layer in enumerate(layers):
-            o = _attend(layer.self_attn, q, k, v, plan, others, spans, li)
+            o = _attend(layer.self_attn, q, kv, plan, others, spans, li)
             if li + 1 < len(layers):
-                h, q, k, v = seams[li + 1](h, o, positions)
+                h, q, kv = seams[li + 1](h, o, positions)
             else:
                 h = seams[-1](h, o)
     plan.advance()
@@ -131,8 +131,9 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
 
 def _project(layer, h: mx.array, positions: mx.array, m: mx.array | None = None) -> tuple[mx.array, ...]:
     """The residual stream h (+ the last layer's MLP output m), then the layer's input norm,
-    q/k/v projections, q/k norms and RoPE for every token of the pass: h, q (T, heads, 1, dim),
-    k/v (T, kv_heads, 1, dim), the layout decode attention takes as is."""
+    q/k/v projections, q/k norms and RoPE for every token of the pass: h, q (T, heads, 1, dim)
+    and kv (2T, kv_heads, 1, dim), the T keys then the T values, which the decode batch
+    stores with one scatter (kv.py)."""
     attn = layer.self_attn
     h, x = (h, layer.input_layernorm(h)) if m is None else _add_norm(layer.input_layernorm, h, m)
     total = x.shape[0]
@@ -142,15 +143,13 @@ def _project(layer, h: mx.array, positions: mx.array, m: mx.array | None = None)
     if "fused_qkv" in attn and total <= limit:  # one matmul for q, k and v (fuse.py)
         qkv = attn.fused_qkv(x)
         cuts = split_sizes(attn, "fused_qkv")
-        if prep is not None:  # norms and RoPE read q and k in place, in one kernel (headprep.py)
-            q, k = prep(qkv, qkv, 0, cuts[0], *_norm_weights(attn), positions)
-            return h, q, k, qkv[:, cuts[1]:].reshape(total, attn.n_kv_heads, 1, -1)
+        if prep is not None:  # norms and RoPE read q, k and v in place, in one kernel (headprep.py)
+            return (h, *prep(qkv, qkv, qkv, (0, *cuts), *_norm_weights(attn), positions))
         q, k, v = mx.split(qkv, cuts, axis=-1)
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         if prep is not None:
-            q, k = prep(q, k, 0, 0, *_norm_weights(attn), positions)
-            return h, q, k, v.reshape(total, attn.n_kv_heads, 1, -1)
+            return (h, *prep(q, k, v, (0, 0, 0), *_norm_weights(attn), positions))
     q = q.reshape(total, attn.n_heads, -1)
     k = k.reshape(total, attn.n_kv_heads, -1)
     v = v.reshape(total, attn.n_kv_heads, -1)
@@ -159,7 +158,7 @@ def _project(layer, h: mx.array, positions: mx.array, m: mx.array | None = None)
     # RoPE with one batch entry per token, each at its own offset.
     q = attn.rope(q[:, :, None, :], offset=positions)
     k = attn.rope(k[:, :, None, :], offset=positions)
-    return h, q, k, v[:, :, None, :]
+    return h, q, mx.concatenate([k, v[:, :, None, :]])
 
 
 def _fused(module, name: str, x: mx.array):
@@ -202,18 +201,20 @@ def _finish(layer, h: mx.array, o: mx.array) -> tuple[mx.array, mx.array]:
     return h, mlp(x)
 
 
-def _attend(attn, q: mx.array, k: mx.array, v: mx.array, plan: BatchPlan, others: list[RowInput], spans,
+def _attend(attn, q: mx.array, kv: mx.array, plan: BatchPlan, others: list[RowInput], spans,
             li: int) -> mx.array:
-    """Each row's queries against its own KV (writing the new keys/values first): (T, heads, 1, dim)."""
+    """Each row's queries against its own KV (writing the new keys/values first): (T, heads, 1, dim).
+    kv (2T, kv_heads, 1, dim): the pass's keys, then its values."""
     outs = []
-    b = plan.tokens
-    if b == q.shape[0]:  # only the batch's rows: no slicing
-        return plan.attend(li, q, k, v, attn.scale)
+    b, total = plan.tokens, q.shape[0]
+    if b == total:  # only the batch's rows: no slicing
+        return plan.attend(li, q, kv, attn.scale)
     if b:
-        outs.append(plan.attend(li, q[:b], k[:b], v[:b], attn.scale))
+        outs.append(plan.attend(li, q[:b], mx.concatenate([kv[:b], kv[total : total + b]]), attn.scale))
     for row in others:
         s, n = spans[id(row)]
-        outs.append(_row_attention(row.kv, li, q[s : s + n], k[s : s + n], v[s : s + n], attn.scale))
+        outs.append(_row_attention(row.kv, li, q[s : s + n], kv[s : s + n], kv[total + s : total + s + n],
+                                   attn.scale))
     return mx.concatenate(outs) if len(outs) > 1 else outs[0]
 
 

@@ -2,7 +2,8 @@
 of the shared `DecodeBatch` once the sequence decodes, so decode attention is one call per layer.
 
 A prompt's KV follows its own length (no padding while reading long prompts); decoding rows
-sit in one padded (rows, kv_heads, T, head_dim) array per layer with per-row lengths.
+sit in one padded array per layer (each slot's keys and values: 2 × rows, kv_heads, T,
+head_dim) with per-row lengths.
 Finishing a sequence frees its caches or its slot.
 """
 
@@ -72,12 +73,12 @@ class RowKV:
 
     @property
     def n_layers(self) -> int:
-        return len(self.batch.keys) if self.resident else len(self.layers)
+        return len(self.batch.kv) if self.resident else len(self.layers)
 
     def arrays(self) -> list[mx.array]:
         """The arrays holding this row's KV, to queue their evaluation."""
         if self.resident:
-            return self.batch.keys + self.batch.values
+            return list(self.batch.kv)
         return [c.keys for c in self.layers if c.keys is not None]
 
     def release(self) -> None:
@@ -93,16 +94,17 @@ class RowKV:
 
 
 class DecodeBatch:
-    """Shared K/V of the decoding rows: per layer (rows_cap, kv_heads, t_cap, head_dim) arrays.
+    """Shared K/V of the decoding rows: per layer one (2 * rows_cap, kv_heads, t_cap, head_dim)
+    array, the keys of slot i at row i and its values at row rows_cap + i, so a step writes
+    both with one scatter and attention reads each half as a plain slice.
 
-    Row `i` of every array belongs to `members[i]`; its positions 0..length-1 are valid, the
-    rest is padding masked out by the attention. A row leaving moves the last member into its
-    slot, so members always fill slots 0..M-1.
+    Slot `i` belongs to `members[i]`; its positions 0..length-1 are valid, the rest is padding
+    masked out by the attention. A row leaving moves the last member into its slot, so members
+    always fill slots 0..M-1.
     """
 
     def __init__(self, n_layers: int):
-        self.keys: list[mx.array] = []
-        self.values: list[mx.array] = []
+        self.kv: list[mx.array] = []
         self.n_layers = n_layers
         self.members: list[RowKV] = []
         self.rows_cap = 0
@@ -110,7 +112,11 @@ class DecodeBatch:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys + self.values)
+        return sum(a.nbytes for a in self.kv)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.kv[0].shape[1]
 
     def fits(self, n: int) -> bool:
         """Whether a row of `n` tokens may join without padding the batch past MAX_PADDING."""
@@ -124,21 +130,22 @@ class DecodeBatch:
         first = row.layers[0]
         self.reserve(len(self.members) + 1, n + 1, first.keys.shape[1], first.keys.shape[3],
                      first.values.shape[3], first.keys.dtype)
-        slot = len(self.members)
-        for li, cache in enumerate(row.layers):
-            self.keys[li][slot : slot + 1, :, :n, :] = cache.keys[..., :n, :]
-            self.values[li][slot : slot + 1, :, :n, :] = cache.values[..., :n, :]
+        slot, values_at = len(self.members), self.rows_cap + len(self.members)
+        for a, cache in zip(self.kv, row.layers):
+            a[slot : slot + 1, :, :n, :] = cache.keys[..., :n, :]
+            a[values_at : values_at + 1, :, :n, :] = cache.values[..., :n, :]
         self.members.append(row)
         row.slot, row.length, row.layers = slot, n, None
 
     def leave(self, row: RowKV) -> None:
         """Free `row`'s slot: the last member moves into it; an empty batch frees its arrays."""
-        slot, last = row.slot, len(self.members) - 1
+        slot, last, rc = row.slot, len(self.members) - 1, self.rows_cap
         if slot != last:
             moved = self.members[last]
             n = moved.length  # includes a token written by a step already queued
-            for a in self.keys + self.values:
+            for a in self.kv:
                 a[slot : slot + 1, :, :n] = a[last : last + 1, :, :n]
+                a[rc + slot : rc + slot + 1, :, :n] = a[rc + last : rc + last + 1, :, :n]
             self.members[slot] = moved
             moved.slot = slot
         self.members.pop()
@@ -149,58 +156,55 @@ class DecodeBatch:
     def reserve(self, rows: int, t: int, kv_heads: int | None = None, k_dim: int | None = None,
                 v_dim: int | None = None, dtype=None) -> None:
         """Grow the arrays to hold `rows` rows of `t` positions (rows double, t in blocks)."""
-        if not self.keys:
+        if not self.kv:
+            if k_dim != v_dim:  # llama/qwen-family layers (the only ones batched) have k_dim == v_dim
+                raise ValueError(f"keys of width {k_dim} and values of width {v_dim} cannot share one array")
             self.rows_cap, self.t_cap = max(rows, 4), _round_up(t)
-            for _ in range(self.n_layers):
-                self.keys.append(mx.zeros((self.rows_cap, kv_heads, self.t_cap, k_dim), dtype))
-                self.values.append(mx.zeros((self.rows_cap, kv_heads, self.t_cap, v_dim), dtype))
+            self.kv = [mx.zeros((2 * self.rows_cap, kv_heads, self.t_cap, k_dim), dtype)
+                       for _ in range(self.n_layers)]
             return
         if rows > self.rows_cap:
-            extra = max(rows, 2 * self.rows_cap) - self.rows_cap
-            self._grow(0, extra)
-            self.rows_cap += extra
+            self._resize(max(rows, 2 * self.rows_cap), self.t_cap)
         if t > self.t_cap:
-            extra = _round_up(t) - self.t_cap
-            self._grow(2, extra)
-            self.t_cap += extra
+            self._resize(self.rows_cap, _round_up(t))
 
-    def _grow(self, axis: int, extra: int) -> None:
-        for arrays in (self.keys, self.values):
-            for li, a in enumerate(arrays):
-                shape = list(a.shape)
-                shape[axis] = extra
-                arrays[li] = mx.concatenate([a, mx.zeros(shape, a.dtype)], axis=axis)
+    def _resize(self, rows: int, t: int) -> None:
+        """New arrays of `rows` slots and `t` positions holding what fits of the current ones."""
+        keep_rows, keep_t, rc = min(rows, self.rows_cap), min(t, self.t_cap), self.rows_cap
+        for li, a in enumerate(self.kv):
+            b = mx.zeros((2 * rows, a.shape[1], t, a.shape[3]), a.dtype)
+            b[:keep_rows, :, :keep_t] = a[:keep_rows, :, :keep_t]
+            b[rows : rows + keep_rows, :, :keep_t] = a[rc : rc + keep_rows, :, :keep_t]
+            self.kv[li] = b
+        self.rows_cap, self.t_cap = rows, t
 
     def _shrink(self) -> None:
         # Padding follows the longest member: give memory back once it is far below capacity.
         if not self.members:
-            self.keys, self.values, self.rows_cap, self.t_cap = [], [], 0, 0
+            self.kv, self.rows_cap, self.t_cap = [], 0, 0
             return
         rows = self.rows_cap // 2 if len(self.members) <= self.rows_cap // 4 else self.rows_cap
         t = _round_up(max(m.length for m in self.members) + 1)
         t = t if t <= self.t_cap // 2 else self.t_cap
-        if rows == self.rows_cap and t == self.t_cap:
-            return
-        self.keys = [mx.contiguous(a[:rows, :, :t]) for a in self.keys]
-        self.values = [mx.contiguous(a[:rows, :, :t]) for a in self.values]
-        self.rows_cap, self.t_cap = rows, t
+        if rows != self.rows_cap or t != self.t_cap:
+            self._resize(rows, t)
 
-    def write(self, li: int, index: tuple, k: mx.array, v: mx.array) -> None:
-        """Scatter new tokens: `index` = (slots, heads, positions) broadcastable arrays, one
-        entry per token (a row may bring several)."""
-        self.keys[li][index] = k
-        self.values[li][index] = v
+    def write(self, li: int, index: tuple, kv: mx.array) -> None:
+        """Scatter new tokens' keys and values, kv (2 * tokens, kv_heads, 1, dim) (the keys, then
+        the values): `index` = (rows, heads, positions) arrays of shape (2 * tokens, kv_heads, 1)."""
+        self.kv[li][index] = kv
 
     def view(self, li: int, t: int, slots: mx.array | None) -> LayerKV:
         """Every member's first `t` positions (`slots` None), or those of `slots` in that order."""
-        k, v = self.keys[li], self.values[li]
+        a, m, rc = self.kv[li], len(self.members), self.rows_cap
         if slots is None:
-            m = len(self.members)
-            return k[:m, :, :t], v[:m, :, :t]
-        return k[slots, :, :t], v[slots, :, :t]
+            return a[:m, :, :t], a[rc : rc + m, :, :t]
+        both = a[mx.concatenate([slots, slots + rc]), :, :t]
+        return both[: slots.size], both[slots.size :]
 
     def row_kv(self, li: int, slot: int, n: int) -> LayerKV:
-        return self.keys[li][slot : slot + 1, :, :n, :], self.values[li][slot : slot + 1, :, :n, :]
+        a, at = self.kv[li], self.rows_cap + slot
+        return a[slot : slot + 1, :, :n, :], a[at : at + 1, :, :n, :]
 
 
 def _round_up(t: int) -> int:

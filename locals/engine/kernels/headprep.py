@@ -1,12 +1,14 @@
 """Fused q/k head preparation: RMSNorm (Qwen3's q_norm/k_norm, when the model has them) and
-RoPE for every query and key head of a pass, in one kernel.
+RoPE for every query and key head of a pass, in one kernel that also places the values.
 
 MLX runs this as up to six kernels a layer: two norms, two RoPEs, and on CUDA two copies,
 because the q and k slices of a joined q/k/v output are strided and MLX's CUDA rms_norm
 copies inputs that are not contiguous (72 `copy_g_nd` in an H200 B = 8 step,
-step_kernels-gpu-20261130-152042.json). The kernel reads q and k where they lie (one
-joined output at two column offsets, or two separate outputs) and writes them in the
-layout decode attention takes, (T, heads, 1, dim).
+step_kernels-gpu-20261130-152042.json). The kernel reads q, k and v where they lie (one
+joined output at three column offsets, or three separate outputs) and writes q in the
+layout decode attention takes, (T, heads, 1, dim), and the keys with the values after them
+in one (2T, kv_heads, 1, dim) array, which the decode batch stores with one scatter a
+layer instead of two (kv.py).
 
 One threadgroup per (token, head), one thread per rotated pair: the pair's two values are
 normalized with the head's sum of squares, rounded to the dtype as MLX's norm rounds them,
@@ -30,20 +32,31 @@ from locals.engine.kernels.verify import compare
 log = logging.getLogger(__name__)
 
 # Template: T (dtype), D (head dim; D / 2 a multiple of 32), NORM, TRAD (traditional RoPE).
-# dims = [q heads, kv heads, q column offset, k column offset]; params = [log2 base, scale, eps].
+# dims = [q heads, kv heads, q, k and v column offsets]; params = [log2 base, scale, eps].
+# Outputs: qout (T, q heads, 1, D) and kvout (2T, kv heads, 1, D), the T keys then the T values,
+# which the decode batch writes with one scatter (kv.py).
 CUDA_SOURCE = r"""
   constexpr int P = D / 2;  // threads a head: one rotated pair each
   __shared__ float part[32];
   const int HQ = dims[0];
-  const int heads = HQ + dims[1];
+  const int HK = dims[1];
+  const int heads = HQ + 2 * HK;
   const int tok = blockIdx.x / heads;
   const int head = blockIdx.x - tok * heads;
   const int i = threadIdx.x;
+  if (head >= HQ + HK) {  // a value head: copied as it is, after the T tokens' keys
+    const int hv = head - HQ - HK;
+    const T* vs = vsrc + size_t(tok) * vsrc_shape[1] + dims[4] + hv * D;
+    T* vd = kvout + (size_t(qsrc_shape[0] + tok) * HK + hv) * D;
+    vd[i] = vs[i];
+    vd[i + P] = vs[i + P];
+    return;
+  }
   const bool is_q = head < HQ;
   const int h = is_q ? head : head - HQ;
   const T* src = is_q ? qsrc + size_t(tok) * qsrc_shape[1] + dims[2] + h * D
                       : ksrc + size_t(tok) * ksrc_shape[1] + dims[3] + h * D;
-  T* dst = is_q ? qout + (size_t(tok) * HQ + h) * D : kout + (size_t(tok) * dims[1] + h) * D;
+  T* dst = is_q ? qout + (size_t(tok) * HQ + h) * D : kvout + (size_t(tok) * HK + h) * D;
   const int i1 = TRAD ? 2 * i : i;
   const int i2 = TRAD ? 2 * i + 1 : i + P;
   float x1 = static_cast<float>(src[i1]);
@@ -91,15 +104,24 @@ METAL_SOURCE = r"""
   constexpr int P = D / 2;
   threadgroup float part[32];
   const int HQ = dims[0];
-  const int heads = HQ + dims[1];
+  const int HK = dims[1];
+  const int heads = HQ + 2 * HK;
   const int tok = int(threadgroup_position_in_grid.x) / heads;
   const int head = int(threadgroup_position_in_grid.x) - tok * heads;
   const int i = int(thread_position_in_threadgroup.x);
+  if (head >= HQ + HK) {  // a value head: copied as it is, after the T tokens' keys
+    const int hv = head - HQ - HK;
+    const size_t from = size_t(tok) * vsrc_shape[1] + dims[4] + hv * D;
+    const size_t to = (size_t(qsrc_shape[0] + tok) * HK + hv) * D;
+    kvout[to + i] = vsrc[from + i];
+    kvout[to + i + P] = vsrc[from + i + P];
+    return;
+  }
   const bool is_q = head < HQ;
   const int h = is_q ? head : head - HQ;
   const size_t base_q = size_t(tok) * qsrc_shape[1] + dims[2] + h * D;
   const size_t base_k = size_t(tok) * ksrc_shape[1] + dims[3] + h * D;
-  const size_t out_at = is_q ? (size_t(tok) * HQ + h) * D : (size_t(tok) * dims[1] + h) * D;
+  const size_t out_at = is_q ? (size_t(tok) * HQ + h) * D : (size_t(tok) * HK + h) * D;
   const int i1 = TRAD ? 2 * i : i;
   const int i2 = TRAD ? 2 * i + 1 : i + P;
   float x1 = is_q ? float(qsrc[base_q + i1]) : float(ksrc[base_k + i1]);
@@ -130,8 +152,8 @@ METAL_SOURCE = r"""
     qout[out_at + i1] = T(x1 * c - x2 * s);
     qout[out_at + i2] = T(x1 * s + x2 * c);
   } else {
-    kout[out_at + i1] = T(x1 * c - x2 * s);
-    kout[out_at + i2] = T(x1 * s + x2 * c);
+    kvout[out_at + i1] = T(x1 * c - x2 * s);
+    kvout[out_at + i2] = T(x1 * s + x2 * c);
   }
 """
 
@@ -182,8 +204,8 @@ def spec_of(attn: nn.Module) -> HeadSpec | None:
 
 def _kernel(backend: str):
     if backend not in _KERNELS:
-        names = dict(input_names=["qsrc", "ksrc", "qw", "kw", "pos", "dims", "params"],
-                     output_names=["qout", "kout"])
+        names = dict(input_names=["qsrc", "ksrc", "vsrc", "qw", "kw", "pos", "dims", "params"],
+                     output_names=["qout", "kvout"])
         make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
         _KERNELS[backend] = make(name=f"locals_headprep_{TAG}", source=SOURCES[backend], **names)
     return _KERNELS[backend]
@@ -197,30 +219,32 @@ class HeadPrep:
     spec: HeadSpec
     dtype: mx.Dtype
 
-    def __call__(self, q_src: mx.array, k_src: mx.array, q_off: int, k_off: int, q_weight: mx.array | None,
-                 k_weight: mx.array | None, positions: mx.array) -> tuple[mx.array, mx.array]:
-        """q (T, heads, 1, dim) and k (T, kv_heads, 1, dim) from q_src/k_src (T, width), whose
-        heads start at column q_off/k_off; positions (T,) int32."""
+    def __call__(self, q_src: mx.array, k_src: mx.array, v_src: mx.array, offsets: tuple[int, int, int],
+                 q_weight: mx.array | None, k_weight: mx.array | None,
+                 positions: mx.array) -> tuple[mx.array, mx.array]:
+        """q (T, heads, 1, dim) and kv (2T, kv_heads, 1, dim) (the keys normed and rotated, then
+        the values as they are) from q_src/k_src/v_src (T, width), whose heads start at the columns
+        `offsets` (q, k, v); positions (T,) int32."""
         s = self.spec
         tokens, dtype = q_src.shape[0], q_src.dtype
-        dims, params, unused = _constants(s, dtype, q_off, k_off)
+        dims, params, unused = _constants(s, dtype, offsets)
         if not s.norm:  # every input needs an array
             q_weight = k_weight = unused
         return tuple(_kernel(self.backend)(
-            inputs=[q_src, k_src, q_weight, k_weight, positions.astype(mx.int32), dims, params],
+            inputs=[q_src, k_src, v_src, q_weight, k_weight, positions.astype(mx.int32), dims, params],
             template=[("T", dtype), ("D", s.head_dim), ("NORM", s.norm), ("TRAD", s.traditional)],
-            grid=(tokens * (s.heads + s.kv_heads) * (s.head_dim // 2), 1, 1),
+            grid=(tokens * (s.heads + 2 * s.kv_heads) * (s.head_dim // 2), 1, 1),
             threadgroup=(s.head_dim // 2, 1, 1),
-            output_shapes=[(tokens, s.heads, 1, s.head_dim), (tokens, s.kv_heads, 1, s.head_dim)],
+            output_shapes=[(tokens, s.heads, 1, s.head_dim), (2 * tokens, s.kv_heads, 1, s.head_dim)],
             output_dtypes=[dtype, dtype],
         ))
 
 
-def _constants(spec: HeadSpec, dtype, q_off: int, k_off: int) -> tuple[mx.array, mx.array, mx.array]:
+def _constants(spec: HeadSpec, dtype, offsets: tuple[int, int, int]) -> tuple[mx.array, mx.array, mx.array]:
     """The kernel's small inputs, made once per layout (not new arrays every layer of every step)."""
-    key = (spec, dtype, q_off, k_off)
+    key = (spec, dtype, offsets)
     if key not in _CONSTANTS:
-        dims = mx.array([spec.heads, spec.kv_heads, q_off, k_off], dtype=mx.int32)
+        dims = mx.array([spec.heads, spec.kv_heads, *offsets], dtype=mx.int32)
         params = mx.array(np.array([math.log2(spec.base), spec.scale, spec.eps], dtype=np.float32))
         unused = mx.zeros((1,), dtype=dtype)
         mx.eval(dims, params, unused)
@@ -228,9 +252,10 @@ def _constants(spec: HeadSpec, dtype, q_off: int, k_off: int) -> tuple[mx.array,
     return _CONSTANTS[key]
 
 
-def reference(q: mx.array, k: mx.array, spec: HeadSpec, q_weight, k_weight, positions: mx.array,
+def reference(q: mx.array, k: mx.array, v: mx.array, spec: HeadSpec, q_weight, k_weight, positions: mx.array,
               stream=None) -> tuple[mx.array, mx.array]:
-    """The same with MLX's ops: q (T, heads*dim) and k (T, kv_heads*dim) in, (T, heads, 1, dim) out."""
+    """The same with MLX's ops: q (T, heads*dim), k and v (T, kv_heads*dim) in; q (T, heads, 1, dim)
+    and kv (2T, kv_heads, 1, dim) (keys, then values) out."""
     out = []
     for x, heads, weight in ((q, spec.heads, q_weight), (k, spec.kv_heads, k_weight)):
         x = x.reshape(x.shape[0], heads, 1, spec.head_dim)
@@ -238,7 +263,8 @@ def reference(q: mx.array, k: mx.array, spec: HeadSpec, q_weight, k_weight, posi
             x = mx.fast.rms_norm(x, weight, spec.eps, stream=stream)
         out.append(mx.fast.rope(x, spec.head_dim, traditional=spec.traditional, base=spec.base,
                                 scale=spec.scale, offset=positions, stream=stream))
-    return out[0], out[1]
+    values = v.reshape(v.shape[0], spec.kv_heads, 1, spec.head_dim)
+    return out[0], mx.concatenate([out[1], values], stream=stream)
 
 
 # Token counts a kernel must get right before use: one decode row, odd counts, a batch, a chunk.
@@ -247,23 +273,25 @@ _VERDICTS: dict[tuple, str] = {}
 
 
 def _random_case(spec: HeadSpec, tokens: int, joined: bool, dtype) -> tuple:
-    """Fresh inputs: q/k sources in the joined or the separate layout, norm weights, positions."""
+    """Fresh inputs: q/k/v sources in the joined or the separate layout, norm weights, positions."""
     q_cols, k_cols = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     if joined:
         src = (3 * mx.random.normal((tokens, q_cols + 2 * k_cols))).astype(dtype)
-        q_src, k_src, q_off, k_off = src, src, 0, q_cols
-        q, k = src[:, :q_cols], src[:, q_cols:q_cols + k_cols]
+        q_src = k_src = v_src = src
+        offsets = (0, q_cols, q_cols + k_cols)
+        q, k, v = src[:, :q_cols], src[:, q_cols:q_cols + k_cols], src[:, q_cols + k_cols:]
     else:
         q_src = q = (3 * mx.random.normal((tokens, q_cols))).astype(dtype)
         k_src = k = (3 * mx.random.normal((tokens, k_cols))).astype(dtype)
-        q_off = k_off = 0
+        v_src = v = (3 * mx.random.normal((tokens, k_cols))).astype(dtype)
+        offsets = (0, 0, 0)
     q_weight = (1 + mx.random.normal((spec.head_dim,))).astype(dtype)
     k_weight = (1 + mx.random.normal((spec.head_dim,))).astype(dtype)
     # Positions stay below 512: a float32 angle is only as exact as its ulp times the position,
     # and MLX's CPU RoPE (the truth) derives its frequencies differently, so at 4096 float32
     # outputs differed by 1.1e-4 on an H200 (over float32's 1e-4 allowance) with both exact.
     positions = mx.random.randint(0, 512, (tokens,), dtype=mx.int32)
-    return (q_src, k_src, q_off, k_off, q_weight, k_weight, positions), (q, k)
+    return (q_src, k_src, v_src, offsets, q_weight, k_weight, positions), (q, k, v)
 
 
 def check(prep: HeadPrep, tokens: int, joined: bool) -> str:
@@ -271,9 +299,9 @@ def check(prep: HeadPrep, tokens: int, joined: bool) -> str:
     otherwise why not (error over the dtype's allowance, non-finite output, an exception)."""
     dtype = prep.dtype
     mx.random.seed(int.from_bytes(np.random.default_rng().bytes(4), "little"))
-    args, (q, k) = _random_case(prep.spec, tokens, joined, dtype)
-    f32 = [a.astype(mx.float32, stream=mx.cpu) for a in (q, k, args[4], args[5])]
-    truth = reference(f32[0], f32[1], prep.spec, f32[2], f32[3], args[6], stream=mx.cpu)
+    args, (q, k, v) = _random_case(prep.spec, tokens, joined, dtype)
+    f32 = [a.astype(mx.float32, stream=mx.cpu) for a in (q, k, v, args[4], args[5])]
+    truth = reference(*f32[:3], prep.spec, *f32[3:], args[6], stream=mx.cpu)
     try:
         got = prep(*args)
         mx.eval(got)
