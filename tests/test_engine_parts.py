@@ -317,3 +317,27 @@ def test_engine_settings_from_the_environment(monkeypatch):
     default = config_from_env()
     assert default.speculate is True and default.tuned_kernels is True
     assert default.prefix_cache_bytes >= 256 * 2**20
+
+
+def test_decode_batch_keeps_every_row_through_growing_and_shrinking():
+    mx.random.seed(9)
+    batch, rows, kept = DecodeBatch(2), [], []
+    for i in range(6):  # the sixth row doubles the slots (4 -> 8)
+        row = RowKV(2, batch)
+        for cache in row.layers:
+            cache.update_and_fetch(mx.random.normal((1, 2, 5 + i, 8)), mx.random.normal((1, 2, 5 + i, 8)))
+        kept.append(row.snapshot())
+        batch.join(row)
+        rows.append(row)
+    assert batch.rows_cap == 8 and batch.kv[0].shape == (16, 2, 256, 8)
+
+    def same(row, snap):
+        return all(mx.array_equal(a, b) for pair, again in zip(snap, row.snapshot()) for a, b in zip(pair, again))
+
+    assert all(same(r, s) for r, s in zip(rows, kept))
+    batch.reserve(6, 300)  # positions grow by a block
+    assert batch.t_cap == 512 and all(same(r, s) for r, s in zip(rows, kept))
+    for row in rows[:4]:  # two members left of eight slots: both axes shrink
+        row.release()
+    assert (batch.rows_cap, batch.t_cap) == (4, 256)
+    assert [r.slot for r in rows[4:]] == [1, 0] and all(same(r, s) for r, s in zip(rows[4:], kept[4:]))
