@@ -56,11 +56,18 @@ def _batch_table(rows: list[tuple[dict, Result]], several_files: bool) -> str:
     return table(header, body)
 
 
+def _mlx_settings(result: Result) -> set[str]:
+    """MLX environment settings a run changed (locals' own kernel cache folder is not one)."""
+    return set(result.data.get("mlx_env") or {}) - {"MLX_PTX_CACHE_DIR"}
+
+
 def batch_decode(results: list[Result], prefix: str = "generated/") -> Section:
     sec, panels = Section("batch_decode"), {}
     for device in DEVICES:
-        # Rows of different lengths (--length-spread) are another workload, not this table's.
-        chosen = batch_files([r for r in of(results, "batch_decode", device) if not r.data.get("length_spread")])
+        # Rows of different lengths (--length-spread) are another workload, and runs with MLX's
+        # settings changed another setup: not this table's.
+        chosen = batch_files([r for r in of(results, "batch_decode", device)
+                              if not r.data.get("length_spread") and not _mlx_settings(r)])
         if not chosen:
             sec.parts.append(not_measured("batch_decode", device, "python benchmarks/batch_decode.py"))
             continue

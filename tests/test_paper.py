@@ -163,3 +163,18 @@ def test_paper_prose_numbers_come_from_results():
         problems += [("not in any result table", v) for v in values
                      if not re.search(rf"(?<![\d.]){re.escape(v)}(?![\d])", quoted)]
     assert not problems, problems
+
+
+def test_batch_table_leaves_out_runs_with_mlx_settings_changed():
+    from paper.results import Result
+    from paper.sections_engine import _mlx_settings, batch_decode
+
+    rows = [{"batch": 8, "locals": {"decode_tps": {"median": m, "min": m, "max": m, "n": 1}}} for m in (100.0, 999.0)]
+    plain = Result(Path("batch_decode-gpu-20260101-000000.json"),
+                   {"model": "m", "tokens": 8, "prompt_len": 4, "mlx_env": {"MLX_PTX_CACHE_DIR": "x"}, "rows": [rows[0]]})
+    tuned = Result(Path("batch_decode-gpu-20260102-000000.json"),
+                   {"model": "m", "tokens": 8, "prompt_len": 4, "mlx_env": {"MLX_CUDA_GRAPH_CACHE_SIZE": "9"},
+                    "rows": [rows[1]]})
+    assert _mlx_settings(plain) == set() and _mlx_settings(tuned) == {"MLX_CUDA_GRAPH_CACHE_SIZE"}
+    sec = batch_decode([plain, tuned])
+    assert [f.name for f in sec.files] == [plain.name] and "100.0" in sec.markdown and "999.0" not in sec.markdown
