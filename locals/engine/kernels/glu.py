@@ -4,7 +4,7 @@ device before the engine uses it.
 
 A B = 8 decode step on the H200 is host work, about 10 us per kernel queued
 (docs/benchmarks.md, the seventh set of runs); the activation between the joined gate/up
-matmul and down_proj is one of a layer's 11 kernels. The registry folds it for the row
+matmul and down_proj is one of a layer's 10 kernels. The registry folds it for the row
 counts whose kernel passed `check` on the layer's own shape here; other row counts, and
 every other backend, keep MLX's activation and the plain matmul.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from locals.engine.kernels.qmm import tensor_tile
+from locals.engine.kernels.qmm_mma import tensor_tile
 from locals.engine.kernels.reference import dequantized_matmul, random_problem, random_rows
 from locals.engine.kernels.verify import compare
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from locals.engine.kernels.qmm_mma import CUDA_KSUM_SOURCE, CUDA_MMA_HEADER, CUDA_MMA_SOURCE
+from locals.engine.kernels.qmm_mma import CUDA_KSUM_SOURCE, CUDA_MMA_HEADER, CUDA_MMA_SOURCE, tensor_tile
 
 MAX_ROWS = 16
 # The tensor-core kernel's wide candidates take 17..32 rows (four 8-row tiles); the others,
@@ -379,10 +379,9 @@ def _kernel(backend: str, variant: str):
 
 
 def tuning_rows(backend: str) -> list[int]:
-    """Row counts worth tuning on `backend`: 2..WIDE_MAX_ROWS on CUDA, 1..MAX_ROWS elsewhere.
-    One row keeps MLX's vector kernel on CUDA: on the H200 the tensor-core kernel took 1.5-2.8x
-    less device time there (tuning_table-gpu-20261130-224900.json), yet one stream decoded no
-    faster (176-225 against 230-236 tok/s, process_spread-gpu-20261130-230055.json): host-bound."""
+    """Row counts worth tuning on `backend`: 2..WIDE_MAX_ROWS on CUDA, 1..MAX_ROWS elsewhere. One
+    row keeps MLX's kernel on CUDA: on the H200 the tensor-core one decoded one stream no faster
+    in two runs (process_spread-gpu-20261130-230055.json, process_spread-gpu-20261201-015852.json)."""
     if backend == "cuda":
         return list(range(2, WIDE_MAX_ROWS + 1))
     return list(range(1, MAX_ROWS + 1))
@@ -391,11 +390,6 @@ def tuning_rows(backend: str) -> list[int]:
 def row_bucket(rows: int) -> int:
     """The compiled row count that serves `rows` (the smallest bucket >= rows)."""
     return next(b for b in ROW_BUCKETS if b >= rows)
-
-
-def tensor_tile(rows: int) -> int:
-    """The rows the tensor-core kernel is compiled for (8-row tiles): 8, 16 or 32."""
-    return 8 if rows <= 8 else (16 if rows <= 16 else 32)
 
 
 @dataclass(frozen=True)
@@ -497,9 +491,8 @@ def candidates(backend: str) -> list[QmvKernel]:
               for r, t, u in ((16, 128, 1), (16, 256, 1), (32, 256, 1), (16, 128, 2), (16, 256, 2), (16, 512, 1))]
     # 17-32 rows: apart from the above so that one failing at 32 rows rejects only these.
     wide = [QmvKernel(backend, r, t, tensor=True, wide=True) for r, t in ((16, 128), (16, 256), (32, 256))]
-    # K split over 2 or 4 blocks a column tile, for layers with few columns (see qmm_mma.py): on
-    # the H200 it wins down_proj by device time (17.6 vs 21.3 us at 8 rows), but not once its
-    # second kernel's host cost is charged (tuning.HOST_US_PER_LAUNCH). Five other configurations
-    # trailed by 10-50% (tuning_table-gpu-20261130-210300.json) and are left out.
+    # K split over 2 or 4 blocks a column tile (qmm_mma.py): wins down_proj on the H200 by device
+    # time (17.6 vs 21.3 us at 8 rows), not once its second kernel's host cost is charged
+    # (tuning.HOST_US_PER_LAUNCH). Five other configurations trailed by 10-50% and are left out.
     k_split = [QmvKernel(backend, 16, 256, tensor=True, k_split=ks) for ks in (2, 4)]
     return plain + staged + split + tensor + wide + k_split

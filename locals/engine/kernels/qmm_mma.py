@@ -29,6 +29,12 @@ output as it is, one kernel a layer fewer (glu.py verifies it before the engine 
 
 from __future__ import annotations
 
+
+def tensor_tile(rows: int) -> int:
+    """The rows the tensor-core kernel is compiled for (8-row tiles): 8, 16 or 32."""
+    return 8 if rows <= 8 else (16 if rows <= 16 else 32)
+
+
 CUDA_MMA_HEADER = r"""
 __device__ inline void locals_store(float* p, size_t i, float v) { p[i] = v; }
 template <typename U>

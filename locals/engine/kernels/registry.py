@@ -153,9 +153,8 @@ def patch_model(model: nn.Module, table: TuningTable | None = None) -> int:
         tuned = tuned_linear(layer, table, candidates)
         if tuned is not layer:
             swaps.append((path, tuned))
-    # Opt-in until measured: on the H200 it verified, but two pairs of engine processes at
-    # B = 8 (1557 vs 1655 and 1498 vs 1122 tok/s, folded first) fell within the spread
-    # between processes (docs/benchmarks.md, the seventh set of runs).
+    # Opt-in: on the H200 it verified, but decoded B = 8 slower than the unfolded layers in three
+    # of four pairs of processes (median 1525 vs 1677 tok/s, process_spread-gpu-20261201-014127.json).
     fold = os.environ.get("LOCALS_GLU_FOLD", "").strip().lower() in ("1", "true", "on", "yes")
     for path, tuned in swaps:
         if fold and path.endswith("mlp.down_proj"):  # takes the joined gate/up output as it is (forward.py)
