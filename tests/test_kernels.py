@@ -295,7 +295,9 @@ def test_cpu_has_no_device_kernels_and_metal_source_is_distinct():
     assert len(names) == 28 and sum(k.staged for k in cuda) == 3 and sum(k.split for k in cuda) == 4
     assert sum(k.tensor for k in cuda) == 11 and sum(k.wide for k in cuda) == 3
     assert all(k.tensor for k in cuda if k.k_split > 1) and sum(k.k_split > 1 for k in cuda) == 2
-    assert {k.variant for k in cuda} == set(qmm.CUDA_VARIANTS) and len({k.name for k in cuda}) == len(cuda)
+    assert {k.variant for k in cuda} == set(qmm.CUDA_VARIANTS) | {"qmma"} and len({k.name for k in cuda}) == len(cuda)
+    # The residual add + norm form takes one block per column tile: not the K-split kernels.
+    assert {k.name for k in cuda if k.takes_norm} == {k.name for k in cuda if k.tensor and k.k_split == 1}
     assert qmm.CUDA_TAG != qmm.METAL_TAG
     assert [qmm.row_bucket(m) for m in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
 

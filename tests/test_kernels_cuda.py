@@ -162,3 +162,64 @@ def test_cuda_tensor_kernel_folds_swiglu(kernel, dtype):
     for n, k in ((97, 640), (1000, 1920)):
         for m in rows:
             assert glu.check(kernel, m, n, k, 4, 64, dtype) == "", (m, n, k)
+
+
+NORM_KERNELS = [k for k in qmm.candidates("cuda") if k.takes_norm and (k.unroll > 1 or k.wide or k.cols_per_warp == 32
+                                                                         or k.name == "cuda-qmma-r16-t256")]
+
+
+@pytest.mark.parametrize("kernel", NORM_KERNELS, ids=lambda k: k.name)
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "f16"])
+def test_cuda_tensor_kernel_folds_the_residual_add_and_norm(kernel, dtype):
+    # x in; h = res + the product and rms_norm(h) * nw out, against the float32 truth, twice on
+    # one launch counter that the kernel leaves at zero; column counts that are not a multiple
+    # of the tile, K of an odd number of groups, each row tile's edges.
+    from locals.engine.kernels import normfold
+
+    rows = [m for m in (1, 5, 8, 13, 16, 17, 21, 32) if kernel.supports(m, 4, 64, dtype, dtype)]
+    for n, k in ((200, 640), (1000, 1920)):
+        for m in rows:
+            assert normfold.check(kernel, m, n, k, 4, 64, dtype, 1e-6) == "", (m, n, k)
+
+
+def test_model_with_norms_folded_into_tuned_projections_matches_mlx_ops():
+    # A two-layer bf16 Qwen3 decoding 3 rows through the tensor-core kernels with the residual
+    # add and norm folded into o_proj and down_proj, against MLX's ops on the same model.
+    from mlx_lm.models import qwen3
+
+    from locals.engine.forward import CompiledBlocks, RowInput, forward
+    from locals.engine.fuse import fuse_projections
+    from locals.engine.kernels.registry import mlx_ops_only
+    from locals.engine.kv import RowKV
+
+    mx.random.seed(9)
+    args = qwen3.ModelArgs(model_type="qwen3", hidden_size=512, num_hidden_layers=2, intermediate_size=1024,
+                           num_attention_heads=8, num_key_value_heads=2, head_dim=128, rms_norm_eps=1e-6,
+                           vocab_size=1000, max_position_embeddings=4096, rope_theta=1e6, tie_word_embeddings=True)
+    model = qwen3.Model(args)
+    model.set_dtype(mx.bfloat16)
+    nn.quantize(model, group_size=64, bits=4)
+    fuse_projections(model)
+    kind, chip = current_chip()
+    kernel = next(k for k in qmm.candidates("cuda") if k.name == "cuda-qmma-r16-t256")
+    table = TuningTable(chip=chip, mlx=mx.__version__, kernels=kernels_tag(kind), complete=True,
+                        choices={p.key: {"3": kernel.name} for p in model_problems(model)})
+    assert patch_model(model, table) > 0
+    layers = model.model.layers
+    assert all(layer.self_attn.o_proj._routes.norm_rows == {3} for layer in layers)
+    assert all(layer.mlp.down_proj._routes.norm_rows == {3} for layer in layers)
+
+    def run():
+        kv = [RowKV(2) for _ in range(3)]
+        prompts = [mx.array(list(range(3 + 5 * i, 20 + 5 * i)), dtype=mx.int32) for i in range(3)]
+        out = [forward(model, [RowInput(p, p.size, c, True) for p, c in zip(prompts, kv)])]
+        for step in range(2):
+            rows = [RowInput(mx.array([11 + step + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
+            out.append(forward(model, rows, CompiledBlocks()))
+        return [o.astype(mx.float32) for o in out]
+
+    with mlx_ops_only():
+        expected = run()
+    got = run()
+    for g, e in zip(got, expected):
+        assert (mx.abs(g - e).max() / mx.abs(e).max()).item() < 3e-2

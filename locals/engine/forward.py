@@ -107,11 +107,11 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
     layers = inner.layers
     seams = compiled.seams(layers) if compiled is not None and start <= COMPILE_MAX_TOKENS else None
     if seams is None:
-        m = None
+        x = None
         for li, layer in enumerate(layers):
-            h, q, kv = _project(layer, h, positions, m)
-            h, m = _finish(layer, h, _attend(layer.self_attn, q, kv, plan, others, spans, li))
-        h = h + m
+            q, kv = _project(layer, h, positions, x)
+            after = layers[li + 1].input_layernorm if li + 1 < len(layers) else None
+            h, x = _finish(layer, h, _attend(layer.self_attn, q, kv, plan, others, spans, li), after)
     else:
         q, kv = seams[0](h, positions)
         for li, layer in enumerate(layers):
@@ -129,13 +129,13 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
     return _lm_head(model, h)
 
 
-def _project(layer, h: mx.array, positions: mx.array, m: mx.array | None = None) -> tuple[mx.array, ...]:
-    """The residual stream h (+ the last layer's MLP output m), then the layer's input norm,
-    q/k/v projections, q/k norms and RoPE for every token of the pass: h, q (T, heads, 1, dim)
-    and kv (2T, kv_heads, 1, dim), the T keys then the T values, which the decode batch
-    stores with one scatter (kv.py)."""
+def _project(layer, h: mx.array, positions: mx.array, x: mx.array | None = None) -> tuple[mx.array, mx.array]:
+    """The layer's input norm of the residual stream h (x: already computed by the last layer's
+    `_finish`), then its q/k/v projections, q/k norms and RoPE for every token of the pass:
+    q (T, heads, 1, dim) and kv (2T, kv_heads, 1, dim), the T keys then the T values, which
+    the decode batch stores with one scatter (kv.py)."""
     attn = layer.self_attn
-    h, x = (h, layer.input_layernorm(h)) if m is None else _add_norm(layer.input_layernorm, h, m)
+    x = layer.input_layernorm(h) if x is None else x
     total = x.shape[0]
     prep = _fused(attn, "head_prep", x)
     limit = JOINED_MAX_TOKENS["fused_qkv"] if prep is not None else min(JOINED_MAX_TOKENS["fused_qkv"],
@@ -144,12 +144,12 @@ def _project(layer, h: mx.array, positions: mx.array, m: mx.array | None = None)
         qkv = attn.fused_qkv(x)
         cuts = split_sizes(attn, "fused_qkv")
         if prep is not None:  # norms and RoPE read q, k and v in place, in one kernel (headprep.py)
-            return (h, *prep(qkv, qkv, qkv, (0, *cuts), *_norm_weights(attn), positions))
+            return prep(qkv, qkv, qkv, (0, *cuts), *_norm_weights(attn), positions)
         q, k, v = mx.split(qkv, cuts, axis=-1)
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         if prep is not None:
-            return (h, *prep(q, k, v, (0, 0, 0), *_norm_weights(attn), positions))
+            return prep(q, k, v, (0, 0, 0), *_norm_weights(attn), positions)
     q = q.reshape(total, attn.n_heads, -1)
     k = k.reshape(total, attn.n_kv_heads, -1)
     v = v.reshape(total, attn.n_kv_heads, -1)
@@ -158,7 +158,7 @@ def _project(layer, h: mx.array, positions: mx.array, m: mx.array | None = None)
     # RoPE with one batch entry per token, each at its own offset.
     q = attn.rope(q[:, :, None, :], offset=positions)
     k = attn.rope(k[:, :, None, :], offset=positions)
-    return h, q, mx.concatenate([k, v[:, :, None, :]])
+    return q, mx.concatenate([k, v[:, :, None, :]])
 
 
 def _fused(module, name: str, x: mx.array):
@@ -185,10 +185,11 @@ def _norm_weights(attn) -> tuple[mx.array | None, mx.array | None]:
     return attn.q_norm.weight, attn.k_norm.weight
 
 
-def _finish(layer, h: mx.array, o: mx.array) -> tuple[mx.array, mx.array]:
-    """The attention output projection and residual, then the MLP block: the residual stream
-    and the MLP's output, which the next layer's input norm adds (`_project`); o (T, heads, 1, dim)."""
-    h, x = _add_norm(layer.post_attention_layernorm, h, layer.self_attn.o_proj(o.reshape(o.shape[0], -1)))
+def _finish(layer, h: mx.array, o: mx.array, after=None) -> tuple[mx.array, mx.array | None]:
+    """The attention output projection and residual, then the MLP block and residual: the
+    residual stream after the layer and, given `after` (the next layer's input norm), its
+    norm (None without); o (T, heads, 1, dim)."""
+    h, x = _linear_add_norm(layer.self_attn.o_proj, layer.post_attention_layernorm, o.reshape(o.shape[0], -1), h)
     mlp = layer.mlp
     if "fused_gate_up" in mlp and x.shape[0] <= JOINED_MAX_TOKENS["fused_gate_up"]:  # one matmul (fuse.py)
         gate_up = mlp.fused_gate_up(x)
@@ -196,9 +197,20 @@ def _finish(layer, h: mx.array, o: mx.array) -> tuple[mx.array, mx.array]:
         out = folded(gate_up) if folded is not None else None
         if out is None:
             gate, up = mx.split(gate_up, 2, axis=-1)
-            out = mlp.down_proj(swiglu(gate, up))
-        return h, out
-    return h, mlp(x)
+            return _linear_add_norm(mlp.down_proj, after, swiglu(gate, up), h)
+    else:
+        out = mlp(x)
+    return _add_norm(after, h, out) if after is not None else (h + out, None)
+
+
+def _linear_add_norm(linear, norm, x: mx.array, h: mx.array) -> tuple[mx.array, mx.array | None]:
+    """h + linear(x) and its norm (None without a norm): one kernel where the linear's tuned
+    kernel verified the add and norm (kernels/normfold.py), otherwise the linear and `_add_norm`."""
+    if norm is None:
+        return h + linear(x), None
+    fold = getattr(linear, "add_norm", None) if fused_active() else None
+    folded = fold(x, h, norm) if fold is not None else None
+    return folded if folded is not None else _add_norm(norm, h, linear(x))
 
 
 def _attend(attn, q: mx.array, kv: mx.array, plan: BatchPlan, others: list[RowInput], spans,
@@ -284,17 +296,16 @@ class CompiledBlocks:
 def _compile_seams(layers: list) -> list:
     """Compiled (not yet traced) functions for each boundary between attention calls."""
     def first(h, positions):
-        return _project(layers[0], h, positions)[1:]
+        return _project(layers[0], h, positions)
 
     def between(before, after):
         def seam(h, o, positions):
-            h, m = _finish(before, h, o)
-            return _project(after, h, positions, m)
+            h, x = _finish(before, h, o, after.input_layernorm)
+            return (h, *_project(after, h, positions, x))
         return seam
 
     def last(h, o):
-        h, m = _finish(layers[-1], h, o)
-        return h + m
+        return _finish(layers[-1], h, o)[0]
 
     inner = [between(a, b) for a, b in zip(layers[:-1], layers[1:])]
     return [mx.compile(f) for f in (first, *inner, last)]

@@ -22,6 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from locals.engine.kernels.resident import device_array
 from locals.engine.kernels.verify import compare
 
 log = logging.getLogger(__name__)
@@ -133,10 +134,10 @@ def _kernel(backend: str):
     return _KERNELS[backend]
 
 
-def _eps(eps: float) -> mx.array:
+def eps_array(eps: float) -> mx.array:
+    """eps as the float32 array the kernels read (eps[0]), in device memory (resident.py), made once per value."""
     if eps not in _EPS:
-        _EPS[eps] = mx.array(np.array([eps], dtype=np.float32))
-        mx.eval(_EPS[eps])
+        _EPS[eps] = device_array([eps], mx.float32)
     return _EPS[eps]
 
 
@@ -153,7 +154,7 @@ class AddNorm:
         """(a + b, rms_norm(a + b) * weight) for a, b (T, width)."""
         tokens = a.shape[0]
         return tuple(_kernel(self.backend)(
-            inputs=[a, b, weight, _eps(self.eps)],
+            inputs=[a, b, weight, eps_array(self.eps)],
             template=[("T", a.dtype), ("VPT", -(-self.width // THREADS))],
             grid=(tokens * THREADS, 1, 1), threadgroup=(THREADS, 1, 1),
             output_shapes=[a.shape, a.shape], output_dtypes=[a.dtype, a.dtype],

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from locals.engine.kernels.qmm_mma import tensor_tile
 from locals.engine.kernels.reference import dequantized_matmul, random_problem, random_rows
-from locals.engine.kernels.verify import compare
+from locals.engine.kernels.verify import compare, passing_rows
 
 _VERDICTS: dict[tuple, str] = {}  # (kernel name, rows, n, k, bits, group, dtype) -> "" or why not
 
@@ -52,16 +51,6 @@ def verified(kernel, rows: int, n: int, k: int, bits: int, group_size: int, dtyp
 
 
 def foldable_rows(routes: dict[int, object], n: int, k: int, bits: int, group_size: int, dtype) -> set[int]:
-    """The row counts of `routes` (rows -> kernel) whose kernel takes a joined gate/up input and
-    passed: per kernel and compiled row tile (8, 16, 32 rows), the fewest and the most rows it
-    serves, so a layer costs a few checks and every layer of one shape shares them."""
-    tiles: dict[tuple[str, int], list[int]] = {}
-    for rows, kernel in routes.items():
-        if getattr(kernel, "takes_glu", False):
-            tiles.setdefault((kernel.name, tensor_tile(rows)), []).append(rows)
-    ok: set[int] = set()
-    for (_name, _tile), served in tiles.items():
-        kernel = routes[served[0]]
-        if all(not verified(kernel, m, n, k, bits, group_size, dtype) for m in {min(served), max(served)}):
-            ok.update(served)
-    return ok
+    """The row counts of `routes` (rows -> kernel) whose kernel takes a joined gate/up input and passed."""
+    return passing_rows(routes, lambda kernel: getattr(kernel, "takes_glu", False),
+                        lambda kernel, rows: verified(kernel, rows, n, k, bits, group_size, dtype))

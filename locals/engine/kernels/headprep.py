@@ -27,6 +27,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from locals.engine.kernels.resident import device_array
 from locals.engine.kernels.verify import compare
 
 log = logging.getLogger(__name__)
@@ -244,10 +245,10 @@ def _constants(spec: HeadSpec, dtype, offsets: tuple[int, int, int]) -> tuple[mx
     """The kernel's small inputs, made once per layout (not new arrays every layer of every step)."""
     key = (spec, dtype, offsets)
     if key not in _CONSTANTS:
-        dims = mx.array([spec.heads, spec.kv_heads, *offsets], dtype=mx.int32)
-        params = mx.array(np.array([math.log2(spec.base), spec.scale, spec.eps], dtype=np.float32))
+        dims = device_array([spec.heads, spec.kv_heads, *offsets], mx.int32)  # in device memory (resident.py)
+        params = device_array([math.log2(spec.base), spec.scale, spec.eps], mx.float32)
         unused = mx.zeros((1,), dtype=dtype)
-        mx.eval(dims, params, unused)
+        mx.eval(unused)
         _CONSTANTS[key] = (dims, params, unused)
     return _CONSTANTS[key]
 

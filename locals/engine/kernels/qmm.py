@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from locals.engine.kernels.qmm_mma import CUDA_KSUM_SOURCE, CUDA_MMA_HEADER, CUDA_MMA_SOURCE, tensor_tile
+from locals.engine.kernels import qmm_mma
+from locals.engine.kernels.qmm_mma import CUDA_KSUM_SOURCE, CUDA_MMA_HEADER, CUDA_MMA_SOURCE
 
 MAX_ROWS = 16
 # The tensor-core kernel's wide candidates take 17..32 rows (four 8-row tiles); the others,
@@ -354,22 +355,18 @@ def _source_tag(*parts: str) -> str:
 CUDA_TAG = _source_tag(CUDA_SOURCE, CUDA_STAGED_SOURCE, CUDA_SPLIT_SOURCE,
                        CUDA_MMA_HEADER, CUDA_MMA_SOURCE, CUDA_KSUM_SOURCE)
 METAL_TAG = _source_tag(METAL_SOURCE)
-CUDA_VARIANTS = {"qmv": CUDA_SOURCE, "qmvs": CUDA_STAGED_SOURCE, "qmvk": CUDA_SPLIT_SOURCE,
-                 "qmma": CUDA_MMA_SOURCE}
+CUDA_VARIANTS = {"qmv": CUDA_SOURCE, "qmvs": CUDA_STAGED_SOURCE, "qmvk": CUDA_SPLIT_SOURCE}
 MMA_DTYPES = (mx.float16, mx.bfloat16)
 _KERNELS: dict[tuple[str, str], object] = {}
 
 
 def _kernel(backend: str, variant: str):
-    """The JIT kernel object for a backend and variant (qmv, qmvs, qmvk, qmma, ksum), built once per process."""
+    """The JIT kernel object for a backend and variant (qmv, qmvs, qmvk), built once per process
+    (the tensor-core ones: qmm_mma.py)."""
     if (backend, variant) not in _KERNELS:
         names = dict(input_names=["x", "w", "scales", "biases"], output_names=["out"])
-        if backend == "cuda" and variant == "ksum":
-            kernel = mx.fast.cuda_kernel(name=f"locals_ksum_{CUDA_TAG}", source=CUDA_KSUM_SOURCE,
-                                         input_names=["p"], output_names=["out"])
-        elif backend == "cuda" and variant in CUDA_VARIANTS:
-            kernel = mx.fast.cuda_kernel(name=f"locals_{variant}_{CUDA_TAG}", source=CUDA_VARIANTS[variant],
-                                         header=CUDA_MMA_HEADER if variant == "qmma" else "", **names)
+        if backend == "cuda" and variant in CUDA_VARIANTS:
+            kernel = mx.fast.cuda_kernel(name=f"locals_{variant}_{CUDA_TAG}", source=CUDA_VARIANTS[variant], **names)
         elif backend == "metal" and variant == "qmv":
             kernel = mx.fast.metal_kernel(name=f"locals_qmv_{METAL_TAG}", source=METAL_SOURCE, **names)
         else:
@@ -414,6 +411,10 @@ class QmvKernel:
         return self.tensor
 
     @property
+    def takes_norm(self) -> bool:  # the residual add and RMSNorm after the product (qmm_mma.py)
+        return self.tensor and self.k_split == 1
+
+    @property
     def launches(self) -> int:  # kernels a call queues: K split adds the one that sums the partials
         return 2 if self.k_split > 1 else 1
 
@@ -447,29 +448,31 @@ class QmvKernel:
         rows = math.prod(lead)
         n = w.shape[0]
         x2 = x.reshape(rows, k)
-        if self.tensor:  # one block per R columns; 8-row tiles, so three compiles in all
-            template = [("T", x.dtype), ("MB", tensor_tile(rows)), ("NC", self.cols_per_warp // 16),
-                        ("NT", self.threads), ("GS", group_size), ("F16", x.dtype == mx.float16),
-                        ("U", self.unroll), ("KS", self.k_split), ("GLU", glu)]
-        else:
-            template = [("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
-                        ("BITS", bits), ("GS", group_size)] + ([("NT", self.threads)] if self.split else [])
-        # One block per R columns (split; tensor: k_split blocks), or one warp per R columns.
-        grid = -(-n // self.cols_per_warp) * (self.threads if self.split or self.tensor else 32) * self.k_split
-        partial = self.k_split > 1
+        if self.tensor:  # one block per R columns (k_split blocks); 8-row tiles: three compiles in all
+            out = qmm_mma.launch(x2, w, scales, biases, cols=self.cols_per_warp, threads=self.threads,
+                                 unroll=self.unroll, k_split=self.k_split, group_size=group_size, glu=glu)[0]
+            return out.reshape(*lead, n)
+        template = [("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
+                    ("BITS", bits), ("GS", group_size)] + ([("NT", self.threads)] if self.split else [])
+        # One block per R columns (split), or one warp per R columns.
+        grid = -(-n // self.cols_per_warp) * (self.threads if self.split else 32)
         out = _kernel(self.backend, self.variant)(
             inputs=[x2, w, scales, biases], template=template,
             grid=(grid, 1, 1), threadgroup=(self.threads, 1, 1),
-            output_shapes=[(self.k_split, rows, n) if partial else (rows, n)],
-            output_dtypes=[mx.float32 if partial else x.dtype],
+            output_shapes=[(rows, n)], output_dtypes=[x.dtype],
         )[0]
-        if partial:
-            out = _kernel(self.backend, "ksum")(
-                inputs=[out], template=[("T", x.dtype), ("KS", self.k_split)],
-                grid=(-(-rows * n // 256) * 256, 1, 1), threadgroup=(256, 1, 1),
-                output_shapes=[(rows, n)], output_dtypes=[x.dtype],
-            )[0]
         return out.reshape(*lead, n)
+
+    def add_norm(self, x: mx.array, res: mx.array, nw: mx.array, eps: mx.array, count: mx.array, w: mx.array,
+                 scales: mx.array, biases: mx.array, group_size: int, glu: bool = False) -> tuple[mx.array, mx.array]:
+        """(h, rms_norm(h) * nw) for h = res + x @ dequantize(w).T, x (rows, K), res (rows, N):
+        one kernel (`takes_norm` kernels; eps (1,) float32, count (1,) uint32 zero, the layer's own)."""
+        if not self.takes_norm:
+            raise ValueError(f"{self.name} does not take the residual add and norm")
+        _d, h, xn = qmm_mma.launch(x, w, scales, biases, cols=self.cols_per_warp, threads=self.threads,
+                                   unroll=self.unroll, k_split=1, group_size=group_size, glu=glu,
+                                   add_norm=(res, nw, eps, count))
+        return h, xn
 
 
 def candidates(backend: str) -> list[QmvKernel]:

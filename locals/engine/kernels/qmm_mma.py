@@ -25,9 +25,26 @@ arithmetic (two register stages of U chunks each: more bytes in flight per warp)
 With GLU, x is an MLP's joined gate/up output (M, 2K) and the kernel multiplies
 silu(gate) * up, computed in float as x is loaded: the down projection takes the joined
 output as it is, one kernel a layer fewer (glu.py verifies it before the engine uses it).
+
+Compiled with QMMA_ADD_NORM (the `qmman` kernel: inputs res, nw, eps and count, outputs h
+and xn after out), the product is a sublayer's output d and the kernel also adds it to the
+residual stream and normalizes the sum for the next sublayer: h = T(res + d) and
+xn = T(nw * T(h * rsqrt(mean(h^2) + eps))), as addnorm.py computes them. A norm needs whole
+rows and a block owns 16·NC columns, so the block that finishes last does it: every block
+writes its part of d, fences, and counts itself in `count`; the last one reads d back from
+L2, writes h and xn, and sets `count` back to 0 for the next launch (one counter per layer;
+normfold.py verifies the kernel before the engine uses it). No K split (KS = 1). A warp
+takes a row with all of its loads issued before the first is used: with a loop that used
+each load as it came, o_proj and down_proj took 26.1 us a call on the H200 at 8 rows, and
+21.6 with this, against 14.2 plus 4.9 for the add + norm kernel unfused
+(step_kernels-gpu-20261201-052346.json, -052925.json, -015108.json).
 """
 
 from __future__ import annotations
+
+import hashlib
+
+import mlx.core as mx
 
 
 def tensor_tile(rows: int) -> int:
@@ -36,6 +53,42 @@ def tensor_tile(rows: int) -> int:
 
 
 CUDA_MMA_HEADER = r"""
+#ifndef QMMA_ADD_NORM
+#define QMMA_ADD_NORM 0
+#endif
+// Eight 2-byte values from L2, past this SM's L1 (written by other blocks of this launch).
+__device__ inline uint4 locals_load_l2(const void* p) {
+  return __ldcg(reinterpret_cast<const uint4*>(p));
+}
+// Eight values of h = T(r + d); their squares added to *q in float.
+template <typename U>
+__device__ inline uint4 locals_add_sq(uint4 rv, uint4 dv, float* q) {
+  uint4 out;
+  const U* r = reinterpret_cast<const U*>(&rv);
+  const U* d = reinterpret_cast<const U*>(&dv);
+  U* o = reinterpret_cast<U*>(&out);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    o[j] = static_cast<U>(static_cast<float>(r[j]) + static_cast<float>(d[j]));
+    const float v = static_cast<float>(o[j]);
+    *q += v * v;
+  }
+  return out;
+}
+// Eight values of T(w * T(h * inv)), as MLX's rms_norm rounds them.
+template <typename U>
+__device__ inline uint4 locals_norm8(uint4 hv, uint4 wv, float inv) {
+  uint4 out;
+  const U* hh = reinterpret_cast<const U*>(&hv);
+  const U* w = reinterpret_cast<const U*>(&wv);
+  U* o = reinterpret_cast<U*>(&out);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float n = static_cast<float>(static_cast<U>(static_cast<float>(hh[j]) * inv));
+    o[j] = static_cast<U>(static_cast<float>(w[j]) * n);
+  }
+  return out;
+}
 __device__ inline void locals_store(float* p, size_t i, float v) { p[i] = v; }
 template <typename U>
 __device__ inline void locals_store(U* p, size_t i, float v) { p[i] = static_cast<U>(v); }
@@ -237,6 +290,67 @@ CUDA_MMA_SOURCE = r"""
       locals_store(out, KS > 1 ? (size_t(split) * M + m) * N + n : size_t(m) * N + n, v);
     }
   }
+#if QMMA_ADD_NORM
+  // The last block to finish adds d to the residual stream and normalizes each row.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int* c = const_cast<unsigned int*>(count);
+    last = atomicAdd(c, 1u) == gridDim.x - 1;
+    if (last) {
+      *c = 0u;
+    }
+  }
+  __syncthreads();
+  if (!last) {
+    return;
+  }
+  __threadfence();
+  const float e = eps[0];
+  // A warp a row: its lane holds TV groups of eight values (TV = N / 256 rounded up), all
+  // loaded before any is used, since one block does this while the others have finished.
+  for (int m = warp; m < M; m += S) {
+    const size_t row = size_t(m) * N;
+    uint4 dv[TV];
+    uint4 hv[TV];
+#pragma unroll
+    for (int it = 0; it < TV; ++it) {
+      const int i = 8 * lane + 256 * it;
+      if (i < N) {
+        dv[it] = locals_load_l2(out + row + i);
+        hv[it] = *reinterpret_cast<const uint4*>(res + row + i);
+      }
+    }
+    float q = 0.0f;
+#pragma unroll
+    for (int it = 0; it < TV; ++it) {
+      if (8 * lane + 256 * it < N) {
+        hv[it] = locals_add_sq<T>(hv[it], dv[it], &q);
+      }
+    }
+#pragma unroll
+    for (int it = 0; it < TV; ++it) {  // the norm's weights, in flight while the sums meet
+      const int i = 8 * lane + 256 * it;
+      if (i < N) {
+        dv[it] = *reinterpret_cast<const uint4*>(nw + i);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      q += __shfl_xor_sync(0xffffffffu, q, off);
+    }
+    const float inv = rsqrtf(q / float(N) + e);
+#pragma unroll
+    for (int it = 0; it < TV; ++it) {
+      const int i = 8 * lane + 256 * it;
+      if (i < N) {
+        *reinterpret_cast<uint4*>(h + row + i) = hv[it];
+        *reinterpret_cast<uint4*>(xn + row + i) = locals_norm8<T>(hv[it], dv[it], inv);
+      }
+    }
+  }
+#endif
 """
 
 # The K-split kernel's second half: out (M, N) = the KS partial sums (KS, M, N) added in order.
@@ -252,3 +366,54 @@ CUDA_KSUM_SOURCE = r"""
     out[i] = static_cast<T>(v);
   }
 """
+
+# MLX caches compiled kernels by name, so the names carry a hash of the sources.
+MMA_TAG = hashlib.sha1((CUDA_MMA_HEADER + CUDA_MMA_SOURCE + CUDA_KSUM_SOURCE).encode()).hexdigest()[:10]
+_KERNELS: dict[str, object] = {}
+
+
+def _kernel(variant: str):
+    """The JIT kernel for "qmma", "qmman" (with the residual add and norm) or "ksum", built once per process."""
+    if variant not in _KERNELS:
+        if variant == "ksum":
+            kernel = mx.fast.cuda_kernel(name=f"locals_ksum_{MMA_TAG}", source=CUDA_KSUM_SOURCE,
+                                         input_names=["p"], output_names=["out"])
+        else:
+            norm = variant == "qmman"
+            kernel = mx.fast.cuda_kernel(
+                name=f"locals_{variant}_{MMA_TAG}", source=CUDA_MMA_SOURCE,
+                header=("#define QMMA_ADD_NORM 1\n" if norm else "") + CUDA_MMA_HEADER,
+                input_names=["x", "w", "scales", "biases"] + (["res", "nw", "eps", "count"] if norm else []),
+                output_names=["out"] + (["h", "xn"] if norm else []))
+        _KERNELS[variant] = kernel
+    return _KERNELS[variant]
+
+
+def launch(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, *, cols: int, threads: int,
+           unroll: int, k_split: int, group_size: int, glu: bool = False,
+           add_norm: tuple[mx.array, ...] | None = None) -> list[mx.array]:
+    """[d = x @ dequantize(w).T] for x (rows, K); with `glu`, x is [gate | up] (rows, 2K). With
+    `add_norm` = (res, nw, eps, count): [d, h = res + d, rms_norm(h) * nw] (k_split 1 only;
+    count a (1,) uint32 zero that only this layer's launches use)."""
+    rows, n = x.shape[0], w.shape[0]
+    if add_norm is not None and (k_split > 1 or n % 8):
+        raise ValueError("the residual add and norm take one block per column tile and N a multiple of 8")
+    template = [("T", x.dtype), ("MB", tensor_tile(rows)), ("NC", cols // 16), ("NT", threads),
+                ("GS", group_size), ("F16", x.dtype == mx.float16), ("U", unroll), ("KS", k_split), ("GLU", glu)]
+    if add_norm is not None:  # the finishing block's eight-value groups per lane
+        template.append(("TV", -(-n // 256)))
+    partial = k_split > 1
+    outs = 1 if add_norm is None else 3
+    result = _kernel("qmma" if add_norm is None else "qmman")(
+        inputs=[x, w, scales, biases, *(add_norm or ())], template=template,
+        grid=(-(-n // cols) * threads * k_split, 1, 1), threadgroup=(threads, 1, 1),
+        output_shapes=[(k_split, rows, n) if partial else (rows, n)] * outs,
+        output_dtypes=[mx.float32 if partial else x.dtype] * outs,
+    )
+    if partial:
+        return [_kernel("ksum")(
+            inputs=[result[0]], template=[("T", x.dtype), ("KS", k_split)],
+            grid=(-(-rows * n // 256) * 256, 1, 1), threadgroup=(256, 1, 1),
+            output_shapes=[(rows, n)], output_dtypes=[x.dtype],
+        )[0]]
+    return list(result)

@@ -17,7 +17,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from locals.engine.kernels import glu
+from locals.engine.kernels import glu, normfold
+from locals.engine.kernels.addnorm import eps_array
 from locals.engine.kernels.tuning import MLX_OP, Problem, TuningTable, current_chip, default_candidates, load_table
 
 
@@ -83,6 +84,29 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
                                    glu=True)
         return y + self["bias"] if "bias" in self else y
 
+    def add_norm(self, x: mx.array, h: mx.array, norm: nn.Module) -> tuple[mx.array, mx.array] | None:
+        """(h + this layer(x), norm of that) in one kernel where normfold.py verified it for x's
+        row count and `norm` is a plain RMSNorm; None otherwise (the caller calls the layer,
+        adds and normalizes)."""
+        rows = math.prod(x.shape[:-1])
+        if (rows not in self._routes.norm_rows or _bypass["depth"] or x.dtype != self["scales"].dtype
+                or "bias" in self or type(norm) is not nn.RMSNorm):
+            return None
+        h2, xn = self._routes.get(rows).add_norm(x.reshape(rows, x.shape[-1]), h.reshape(rows, h.shape[-1]),
+                                                  norm.weight, eps_array(norm.eps), self._routes.count,
+                                                  self["weight"], self["scales"], self["biases"], self.group_size)
+        return h2.reshape(h.shape), xn.reshape(h.shape)
+
+    def fold_norm(self, eps: float) -> int:
+        """Check the residual add + RMSNorm form of this layer's kernels on this device (an
+        o_proj's or down_proj's; normfold.py) and use it for the row counts that pass; returns how many."""
+        n, packed = self["weight"].shape
+        self._routes.norm_rows = normfold.foldable_rows(self._routes.kernels, n, packed * 32 // self.bits,
+                                                        self.bits, self.group_size, self["scales"].dtype, eps)
+        if self._routes.norm_rows and self._routes.count is None:
+            self._routes.count = normfold.counter()
+        return len(self._routes.norm_rows)
+
     def fold_glu(self) -> int:
         """Check the joined gate/up form of this layer's kernels on this device (a down
         projection's; glu.py) and use it for the row counts that pass; returns how many."""
@@ -98,6 +122,8 @@ class _Routes:
     def __init__(self, kernels: dict[int, object]):
         self.kernels = dict(kernels)
         self.glu_rows: set[int] = set()  # row counts whose kernel also takes [gate | up] (fold_glu)
+        self.norm_rows: set[int] = set()  # ... and the residual add + RMSNorm after it (fold_norm)
+        self.count = None  # the add + norm kernel's launch counter, this layer's own (normfold.py)
 
     def get(self, rows: int):
         return self.kernels.get(rows)
@@ -105,6 +131,7 @@ class _Routes:
     def __repr__(self) -> str:
         names = sorted({k.name for k in self.kernels.values()})
         folded = f", gate/up folded at rows {sorted(self.glu_rows)}" if self.glu_rows else ""
+        folded += f", add + norm folded at rows {sorted(self.norm_rows)}" if self.norm_rows else ""
         return f"rows {sorted(self.kernels)} -> {', '.join(names)}{folded}"
 
 
@@ -155,11 +182,35 @@ def patch_model(model: nn.Module, table: TuningTable | None = None) -> int:
             swaps.append((path, tuned))
     # Opt-in: on the H200 it verified, but decoded B = 8 slower than the unfolded layers in three
     # of four pairs of processes (median 1525 vs 1677 tok/s, process_spread-gpu-20261201-014127.json).
-    fold = os.environ.get("LOCALS_GLU_FOLD", "").strip().lower() in ("1", "true", "on", "yes")
+    fold = _switch("LOCALS_GLU_FOLD", default=False)
     for path, tuned in swaps:
         if fold and path.endswith("mlp.down_proj"):  # takes the joined gate/up output as it is (forward.py)
             tuned.fold_glu()
     if swaps:
         model.update_modules(tree_unflatten(swaps))
+        if _switch("LOCALS_NORM_FOLD", default=True):
+            fold_norms(model)
         modules_swapped()
     return len(swaps)
+
+
+# The linears whose output a llama/qwen-family layer adds to the residual stream and normalizes.
+NORMED_OUTPUTS = (("self_attn", "o_proj"), ("mlp", "down_proj"))
+
+
+def fold_norms(model: nn.Module) -> int:
+    """Fold the residual add + RMSNorm after each layer's tuned o_proj and down_proj into
+    their kernels, where those verify that form (normfold.py); returns how many linears."""
+    folded = 0
+    for layer in getattr(getattr(model, "model", None), "layers", None) or []:
+        norm = getattr(layer, "post_attention_layernorm", None)
+        for block_name, linear_name in NORMED_OUTPUTS:
+            linear = getattr(getattr(layer, block_name, None), linear_name, None)
+            if type(norm) is nn.RMSNorm and isinstance(linear, TunedQuantizedLinear) and not linear._routes.norm_rows:
+                folded += bool(linear.fold_norm(float(norm.eps)))
+    return folded
+
+
+def _switch(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    return default if not value else value in ("1", "true", "on", "yes")

@@ -8,10 +8,12 @@ or dtype. (MLX's own op is not the yardstick: its CPU path accumulates bf16 in b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
 
+from locals.engine.kernels.qmm_mma import tensor_tile
 from locals.engine.kernels.reference import dequantized_matmul, random_problem
 
 # The largest error a correct kernel shows from rounding to the dtype (relative to the
@@ -118,3 +120,21 @@ def verify(candidate, cases: list[Case], stop_at_first_failure: bool = True) -> 
 def passes(verdicts: list[Verdict]) -> bool:
     """True when at least one case ran and every case passed."""
     return bool(verdicts) and all(v.ok for v in verdicts)
+
+
+def passing_rows(routes: dict[int, object], usable: Callable[[object], bool],
+                 failure: Callable[[object, int], str]) -> set[int]:
+    """The row counts of `routes` (rows -> kernel) whose kernel is `usable` and passed
+    `failure(kernel, rows)` ("" = passed) for a variant of it (glu.py, normfold.py). One
+    check per kernel and compiled row tile (8, 16, 32 rows) at the fewest and the most rows
+    it serves, so a layer costs a few checks and every layer of one shape shares them."""
+    tiles: dict[tuple[str, int], list[int]] = {}
+    for rows, kernel in routes.items():
+        if usable(kernel):
+            tiles.setdefault((kernel.name, tensor_tile(rows)), []).append(rows)
+    ok: set[int] = set()
+    for served in tiles.values():
+        kernel = routes[served[0]]
+        if all(not failure(kernel, m) for m in {min(served), max(served)}):
+            ok.update(served)
+    return ok
