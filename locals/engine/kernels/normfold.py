@@ -28,7 +28,9 @@ _VERDICTS: dict[tuple, str] = {}  # (kernel name, rows, n, k, bits, group, dtype
 def counter() -> mx.array:
     """A layer's own launch counter for the kernel: a uint32 zero (count[0]) in device memory
     (resident.py: its atomics crossed the bus from managed memory) that the kernel leaves at
-    zero. Never read it on the host."""
+    zero. Launches that share one must not overlap: there is one per layer a pass, and the
+    engine evaluates each pass on its own (MLX runs them in order on one stream). Never read
+    it on the host."""
     return device_array([0], mx.uint32)
 
 

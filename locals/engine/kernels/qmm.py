@@ -466,7 +466,8 @@ class QmvKernel:
     def add_norm(self, x: mx.array, res: mx.array, nw: mx.array, eps: mx.array, count: mx.array, w: mx.array,
                  scales: mx.array, biases: mx.array, group_size: int, glu: bool = False) -> tuple[mx.array, mx.array]:
         """(h, rms_norm(h) * nw) for h = res + x @ dequantize(w).T, x (rows, K), res (rows, N):
-        one kernel (`takes_norm` kernels; eps (1,) float32, count (1,) uint32 zero, the layer's own)."""
+        one kernel (`takes_norm` kernels; eps a float32 array read as eps[0], count the layer's
+        own launch counter, normfold.counter)."""
         if not self.takes_norm:
             raise ValueError(f"{self.name} does not take the residual add and norm")
         _d, h, xn = qmm_mma.launch(x, w, scales, biases, cols=self.cols_per_warp, threads=self.threads,

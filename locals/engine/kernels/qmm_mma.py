@@ -394,7 +394,7 @@ def launch(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, *, cols
            add_norm: tuple[mx.array, ...] | None = None) -> list[mx.array]:
     """[d = x @ dequantize(w).T] for x (rows, K); with `glu`, x is [gate | up] (rows, 2K). With
     `add_norm` = (res, nw, eps, count): [d, h = res + d, rms_norm(h) * nw] (k_split 1 only;
-    count a (1,) uint32 zero that only this layer's launches use)."""
+    count a uint32 zero that only this layer's launches use, one after another)."""
     rows, n = x.shape[0], w.shape[0]
     if add_norm is not None and (k_split > 1 or n % 8):
         raise ValueError("the residual add and norm take one block per column tile and N a multiple of 8")
