@@ -43,7 +43,7 @@ class OpsNorm:
     def __call__(self, x, w, scales, biases, group_size, bits):
         return quantized_matmul(x, w, scales, biases, group_size, bits)
 
-    def add_norm(self, x, res, nw, eps, count, w, scales, biases, group_size, glu=False):
+    def add_norm(self, x, res, nw, eps, count, w, scales, biases, group_size):
         assert count.dtype == mx.uint32 and count[0].item() == 0
         self.folded += 1
         h = res + _matmul(x, w, scales, biases, group_size, 4)

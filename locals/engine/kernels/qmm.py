@@ -464,14 +464,14 @@ class QmvKernel:
         return out.reshape(*lead, n)
 
     def add_norm(self, x: mx.array, res: mx.array, nw: mx.array, eps: mx.array, count: mx.array, w: mx.array,
-                 scales: mx.array, biases: mx.array, group_size: int, glu: bool = False) -> tuple[mx.array, mx.array]:
+                 scales: mx.array, biases: mx.array, group_size: int) -> tuple[mx.array, mx.array]:
         """(h, rms_norm(h) * nw) for h = res + x @ dequantize(w).T, x (rows, K), res (rows, N):
         one kernel (`takes_norm` kernels; eps a float32 array read as eps[0], count the layer's
         own launch counter, normfold.counter)."""
         if not self.takes_norm:
             raise ValueError(f"{self.name} does not take the residual add and norm")
         _d, h, xn = qmm_mma.launch(x, w, scales, biases, cols=self.cols_per_warp, threads=self.threads,
-                                   unroll=self.unroll, k_split=1, group_size=group_size, glu=glu,
+                                   unroll=self.unroll, k_split=1, group_size=group_size,
                                    add_norm=(res, nw, eps, count))
         return h, xn
 
