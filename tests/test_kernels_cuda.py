@@ -96,14 +96,13 @@ def test_cuda_add_norm_matches_reference(width, eps, dtype):
     assert addnorm.verified(addnorm.AddNorm("cuda", width, eps, dtype)) == ""
 
 
-def test_model_with_fused_kernels_matches_mlx_ops():
+def _two_layer_qwen3(seed: int):
+    """A two-layer bf16 4-bit Qwen3 with joined projections, heads of 128."""
     from mlx_lm.models import qwen3
 
-    from locals.engine.forward import CompiledBlocks, RowInput, forward
     from locals.engine.fuse import fuse_projections
-    from locals.engine.kv import RowKV
 
-    mx.random.seed(7)
+    mx.random.seed(seed)
     args = qwen3.ModelArgs(model_type="qwen3", hidden_size=512, num_hidden_layers=2, intermediate_size=1024,
                            num_attention_heads=8, num_key_value_heads=2, head_dim=128, rms_norm_eps=1e-6,
                            vocab_size=1000, max_position_embeddings=4096, rope_theta=1e6, tie_word_embeddings=True)
@@ -111,21 +110,33 @@ def test_model_with_fused_kernels_matches_mlx_ops():
     model.set_dtype(mx.bfloat16)
     nn.quantize(model, group_size=64, bits=4)
     fuse_projections(model)
+    return model
 
-    def run():
-        kv = [RowKV(2) for _ in range(3)]
-        prompts = [mx.array(list(range(3 + 5 * i, 20 + 5 * i)), dtype=mx.int32) for i in range(3)]
-        out = [forward(model, [RowInput(p, p.size, c, True) for p, c in zip(prompts, kv)])]
-        for step in range(2):
-            rows = [RowInput(mx.array([11 + step + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
-            out.append(forward(model, rows, CompiledBlocks()))
-        return [o.astype(mx.float32) for o in out]
 
-    expected = run()
-    assert fused.attach(model, "cuda") == {"heads": 2, "norms": 2}
-    got = run()
+def _three_rows(model) -> list[mx.array]:
+    """Logits of three prompts in one pass, then of two decode steps of the three rows."""
+    from locals.engine.forward import CompiledBlocks, RowInput, forward
+    from locals.engine.kv import RowKV
+
+    kv = [RowKV(2) for _ in range(3)]
+    prompts = [mx.array(list(range(3 + 5 * i, 20 + 5 * i)), dtype=mx.int32) for i in range(3)]
+    out = [forward(model, [RowInput(p, p.size, c, True) for p, c in zip(prompts, kv)])]
+    for step in range(2):
+        rows = [RowInput(mx.array([11 + step + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
+        out.append(forward(model, rows, CompiledBlocks()))
+    return [o.astype(mx.float32) for o in out]
+
+
+def _assert_close(got: list[mx.array], expected: list[mx.array]) -> None:
     for g, e in zip(got, expected):
         assert (mx.abs(g - e).max() / mx.abs(e).max()).item() < 3e-2
+
+
+def test_model_with_fused_kernels_matches_mlx_ops():
+    model = _two_layer_qwen3(7)
+    expected = _three_rows(model)
+    assert fused.attach(model, "cuda") == {"heads": 2, "norms": 2}
+    _assert_close(_three_rows(model), expected)
 
 
 def test_device_stamps_order_and_time_a_chain():
@@ -183,23 +194,11 @@ def test_cuda_tensor_kernel_folds_the_residual_add_and_norm(kernel, dtype):
 
 
 def test_model_with_norms_folded_into_tuned_projections_matches_mlx_ops():
-    # A two-layer bf16 Qwen3 decoding 3 rows through the tensor-core kernels with the residual
-    # add and norm folded into o_proj and down_proj, against MLX's ops on the same model.
-    from mlx_lm.models import qwen3
-
-    from locals.engine.forward import CompiledBlocks, RowInput, forward
-    from locals.engine.fuse import fuse_projections
+    # Three rows decoding through the tensor-core kernels with the residual add and norm
+    # folded into o_proj and down_proj, against MLX's ops on the same model.
     from locals.engine.kernels.registry import mlx_ops_only
-    from locals.engine.kv import RowKV
 
-    mx.random.seed(9)
-    args = qwen3.ModelArgs(model_type="qwen3", hidden_size=512, num_hidden_layers=2, intermediate_size=1024,
-                           num_attention_heads=8, num_key_value_heads=2, head_dim=128, rms_norm_eps=1e-6,
-                           vocab_size=1000, max_position_embeddings=4096, rope_theta=1e6, tie_word_embeddings=True)
-    model = qwen3.Model(args)
-    model.set_dtype(mx.bfloat16)
-    nn.quantize(model, group_size=64, bits=4)
-    fuse_projections(model)
+    model = _two_layer_qwen3(9)
     kind, chip = current_chip()
     kernel = next(k for k in qmm.candidates("cuda") if k.name == "cuda-qmma-r16-t256")
     table = TuningTable(chip=chip, mlx=mx.__version__, kernels=kernels_tag(kind), complete=True,
@@ -208,18 +207,6 @@ def test_model_with_norms_folded_into_tuned_projections_matches_mlx_ops():
     layers = model.model.layers
     assert all(layer.self_attn.o_proj._routes.norm_rows == {3} for layer in layers)
     assert all(layer.mlp.down_proj._routes.norm_rows == {3} for layer in layers)
-
-    def run():
-        kv = [RowKV(2) for _ in range(3)]
-        prompts = [mx.array(list(range(3 + 5 * i, 20 + 5 * i)), dtype=mx.int32) for i in range(3)]
-        out = [forward(model, [RowInput(p, p.size, c, True) for p, c in zip(prompts, kv)])]
-        for step in range(2):
-            rows = [RowInput(mx.array([11 + step + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
-            out.append(forward(model, rows, CompiledBlocks()))
-        return [o.astype(mx.float32) for o in out]
-
     with mlx_ops_only():
-        expected = run()
-    got = run()
-    for g, e in zip(got, expected):
-        assert (mx.abs(g - e).max() / mx.abs(e).max()).item() < 3e-2
+        expected = _three_rows(model)
+    _assert_close(_three_rows(model), expected)
