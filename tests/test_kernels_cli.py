@@ -50,6 +50,10 @@ def test_status_says_what_the_kernels_are_doing():
     assert kernels_line({"tuned_layers": 144, "fused_kernel_layers": {"heads": 36, "norms": 36}}) == (
         "144 layers use tuned kernels; fused q/k norm + RoPE in 36 layers, add + norm in 36 layers")
     assert kernels_line({"fused_kernel_layers": {"heads": 0, "norms": 0}}) is None
+    assert kernels_line({"tuned_layers": 252, "fused_kernel_layers": {"heads": 36, "norms": 36},
+                         "norms_in_matmuls": 72}) == (
+        "252 layers use tuned kernels; fused q/k norm + RoPE in 36 layers, add + norm in 36 layers; "
+        "add + norm inside 72 matmuls")
 
 
 def test_rows_take_counts_and_ranges_in_the_order_given():

@@ -135,6 +135,9 @@ def kernels_line(extra: dict) -> str | None:
     names = {"heads": "q/k norm + RoPE", "norms": "add + norm"}
     if fused:
         line += "; fused " + ", ".join(f"{names.get(k, k)} in {n} layers" for k, n in fused.items())
+    folded = int(extra.get("norms_in_matmuls") or 0)
+    if folded:
+        line += f"; add + norm inside {folded} matmuls"
     return line
 
 

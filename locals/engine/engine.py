@@ -206,6 +206,14 @@ class Engine:
             if not finished:
                 self.cancel(request.id)
 
+    def _norms_in_matmuls(self) -> int:
+        """Linears whose tuned kernel also does the residual add + norm after them (kernels/normfold.py)."""
+        if not self.patched_layers:
+            return 0
+        from locals.engine.kernels.registry import folded_norm_count
+
+        return folded_norm_count(self.model)
+
     def stats(self) -> EngineStats:
         c = self.counters
         active = list(self._active)
@@ -227,7 +235,7 @@ class Engine:
             weights_bytes=int(getattr(self.loaded, "weights_bytes", 0) or 0),
             steps=c.steps,
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
-                   "fused_kernel_layers": self.fused_kernel_layers,
+                   "fused_kernel_layers": self.fused_kernel_layers, "norms_in_matmuls": self._norms_in_matmuls(),
                    "tuning_left": int(getattr(self.idle_work, "left", 0) or 0),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
                    "taken_back_tokens": c.taken_back_total, "masks_after_steps": c.masks_after_total,

@@ -211,6 +211,16 @@ def fold_norms(model: nn.Module) -> int:
     return folded
 
 
+def folded_norm_count(model: nn.Module) -> int:
+    """How many o_proj/down_proj linears run the residual add + norm inside their kernel."""
+    count = 0
+    for layer in getattr(getattr(model, "model", None), "layers", None) or []:
+        for block_name, linear_name in NORMED_OUTPUTS:
+            linear = getattr(getattr(layer, block_name, None), linear_name, None)
+            count += isinstance(linear, TunedQuantizedLinear) and bool(linear._routes.norm_rows)
+    return count
+
+
 def _switch(name: str, default: bool) -> bool:
     value = os.environ.get(name, "").strip().lower()
     return default if not value else value in ("1", "true", "on", "yes")
