@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from locals.engine.kernels import qmm_mma
-from locals.engine.kernels.qmm_mma import CUDA_KSUM_SOURCE, CUDA_MMA_HEADER, CUDA_MMA_SOURCE
 
 MAX_ROWS = 16
 # The tensor-core kernel's wide candidates take 17..32 rows (four 8-row tiles); the others,
@@ -353,7 +352,7 @@ def _source_tag(*parts: str) -> str:
 
 
 CUDA_TAG = _source_tag(CUDA_SOURCE, CUDA_STAGED_SOURCE, CUDA_SPLIT_SOURCE,
-                       CUDA_MMA_HEADER, CUDA_MMA_SOURCE, CUDA_KSUM_SOURCE)
+                       qmm_mma.CUDA_MMA_HEADER, qmm_mma.CUDA_MMA_SOURCE, qmm_mma.CUDA_KSUM_SOURCE)
 METAL_TAG = _source_tag(METAL_SOURCE)
 CUDA_VARIANTS = {"qmv": CUDA_SOURCE, "qmvs": CUDA_STAGED_SOURCE, "qmvk": CUDA_SPLIT_SOURCE}
 MMA_DTYPES = (mx.float16, mx.bfloat16)
@@ -361,8 +360,7 @@ _KERNELS: dict[tuple[str, str], object] = {}
 
 
 def _kernel(backend: str, variant: str):
-    """The JIT kernel object for a backend and variant (qmv, qmvs, qmvk), built once per process
-    (the tensor-core ones: qmm_mma.py)."""
+    """The JIT kernel for a backend and variant (qmv, qmvs, qmvk; tensor-core: qmm_mma.py), built once."""
     if (backend, variant) not in _KERNELS:
         names = dict(input_names=["x", "w", "scales", "biases"], output_names=["out"])
         if backend == "cuda" and variant in CUDA_VARIANTS:
@@ -465,9 +463,8 @@ class QmvKernel:
 
     def add_norm(self, x: mx.array, res: mx.array, nw: mx.array, eps: mx.array, count: mx.array, w: mx.array,
                  scales: mx.array, biases: mx.array, group_size: int) -> tuple[mx.array, mx.array]:
-        """(h, rms_norm(h) * nw) for h = res + x @ dequantize(w).T, x (rows, K), res (rows, N):
-        one kernel (`takes_norm` kernels; eps a float32 array read as eps[0], count the layer's
-        own launch counter, normfold.counter)."""
+        """(h, rms_norm(h) * nw) for h = res + x @ dequantize(w).T, x (rows, K), res (rows, N), in one
+        kernel (`takes_norm`; eps read as eps[0]; count the layer's own, normfold.counter)."""
         if not self.takes_norm:
             raise ValueError(f"{self.name} does not take the residual add and norm")
         _d, h, xn = qmm_mma.launch(x, w, scales, biases, cols=self.cols_per_warp, threads=self.threads,
