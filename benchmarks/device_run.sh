@@ -30,13 +30,13 @@ python3 -c 'import mlx.core as mx; print("device:", mx.default_device(), mx.__ve
 save() { if [ -n "${OUT:-}" ]; then cp benchmarks/results/*.json "$OUT"/ 2>/dev/null; fi; }
 shapes() {
   # The quantized layers the engine runs for a random Qwen3 of this shape: joined q/k/v, o,
-  # joined gate/up, down (locals/engine/fuse.py).
+  # joined gate/up, down (locals/engine/fuse.py), and the tied lm_head (vocab x hidden).
   python3 - "$model" <<'PY'
 import sys
 from benchmarks.common import QWEN3_SHAPES
 s = QWEN3_SHAPES[sys.argv[1]]
 h, i, q, kv = s["hidden_size"], s["intermediate_size"], s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
-print(" ".join(f"--shape {n}x{k}" for n, k in sorted({(q + 2 * kv, h), (h, q), (2 * i, h), (h, i)})))
+print(" ".join(f"--shape {n}x{k}" for n, k in sorted({(q + 2 * kv, h), (h, q), (2 * i, h), (h, i), (s["vocab_size"], h)})))
 PY
 }
 for part in ${parts//,/ }; do

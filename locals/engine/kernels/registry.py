@@ -19,7 +19,8 @@ from mlx.utils import tree_unflatten
 
 from locals.engine.kernels import glu, normfold
 from locals.engine.kernels.addnorm import eps_array
-from locals.engine.kernels.tuning import MLX_OP, Problem, TuningTable, current_chip, default_candidates, load_table
+from locals.engine.kernels.tuning import (MLX_OP, Problem, TuningTable, current_chip, default_candidates, load_table,
+                                         problem_of, tied_head)
 
 
 _bypass = {"depth": 0}  # > 0 while mlx_ops_only() is active
@@ -67,10 +68,9 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
         self.freeze()
 
     def __call__(self, x: mx.array) -> mx.array:
-        kernel = self._routes.get(math.prod(x.shape[:-1]))
-        if kernel is None or _bypass["depth"] or x.dtype != self["scales"].dtype:
+        y = _routed(self, x)
+        if y is None:
             return super().__call__(x)
-        y = kernel(x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits)
         return y + self["bias"] if "bias" in self else y
 
     def glu(self, gu: mx.array) -> mx.array | None:
@@ -116,6 +116,32 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
         return len(self._routes.glu_rows)
 
 
+class TunedQuantizedEmbedding(nn.QuantizedEmbedding):
+    """A tied model's QuantizedEmbedding whose `as_linear` (the lm_head) routes each call by its
+    row count like TunedQuantizedLinear; looking tokens up stays MLX's."""
+
+    def __init__(self, layer: nn.QuantizedEmbedding, kernels: dict[int, object]):
+        nn.Module.__init__(self)
+        self.group_size, self.bits, self.mode = layer.group_size, layer.bits, layer.mode
+        self.num_embeddings, self.dims = layer.num_embeddings, layer.dims
+        for name in ("weight", "scales", "biases"):
+            self[name] = layer[name]
+        self._routes = _Routes(kernels)
+        self.freeze()
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        y = _routed(self, x)
+        return super().as_linear(x) if y is None else y
+
+
+def _routed(layer, x: mx.array) -> mx.array | None:
+    """`layer`'s weights applied to x by the kernel tuned for x's row count; None where MLX's op serves."""
+    kernel = layer._routes.get(math.prod(x.shape[:-1]))
+    if kernel is None or _bypass["depth"] or x.dtype != layer["scales"].dtype:
+        return None
+    return kernel(x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits)
+
+
 class _Routes:
     """Row count -> kernel; absent row counts use MLX's op."""
 
@@ -137,13 +163,7 @@ class _Routes:
 
 def layer_problem(layer: nn.Module) -> Problem | None:
     """The tuning problem of an affine-quantized linear layer (None for anything else)."""
-    if not isinstance(layer, nn.QuantizedLinear) or getattr(layer, "mode", "affine") != "affine":
-        return None
-    if "biases" not in layer:
-        return None
-    n, packed = layer["weight"].shape
-    dtype = str(layer["scales"].dtype).rsplit(".", 1)[-1]
-    return Problem(n, packed * 32 // layer.bits, layer.bits, layer.group_size, dtype)
+    return problem_of(layer) if isinstance(layer, nn.QuantizedLinear) else None
 
 
 def _routes_for(problem: Problem, table: TuningTable, by_name: dict[str, object]) -> dict[int, object]:
@@ -169,8 +189,20 @@ def tuned_linear(layer: nn.Module, table: TuningTable | None = None, candidates:
     return TunedQuantizedLinear(layer, routes) if routes else layer
 
 
+def tuned_head(model: nn.Module, table: TuningTable, candidates: dict) -> TunedQuantizedEmbedding | None:
+    """A routed replacement for a tied model's embedding when this chip tuned its lm_head
+    problem (on the H200, MLX's op took 849 us a call at 4 rows and 171 at 8, 20% of a B = 4
+    step's device time: step_kernels-gpu-20261201-111006.json); None otherwise."""
+    head = tied_head(model)
+    if head is None or isinstance(head, TunedQuantizedEmbedding):
+        return None
+    routes = _routes_for(problem_of(head), table, candidates)
+    return TunedQuantizedEmbedding(head, routes) if routes else None
+
+
 def patch_model(model: nn.Module, table: TuningTable | None = None) -> int:
-    """Swap every quantized linear that has a tuned kernel on this chip; returns how many."""
+    """Swap every quantized linear (and a tied lm_head) that has a tuned kernel on this chip;
+    returns how many."""
     table = table if table is not None else load_table()
     if table is None:
         return 0
@@ -180,6 +212,9 @@ def patch_model(model: nn.Module, table: TuningTable | None = None) -> int:
         tuned = tuned_linear(layer, table, candidates)
         if tuned is not layer:
             swaps.append((path, tuned))
+    head = tuned_head(model, table, candidates)
+    if head is not None:
+        swaps.append(("model.embed_tokens", head))
     # Opt-in: on the H200 it verified, but decoded B = 8 slower than the unfolded layers in three
     # of four pairs of processes (median 1525 vs 1677 tok/s, process_spread-gpu-20261201-014127.json).
     fold = _switch("LOCALS_GLU_FOLD", default=False)

@@ -266,16 +266,38 @@ def tune(problems: list[Problem], rows: range | list[int] | None = None, candida
     return table
 
 
-def model_problems(model) -> list[Problem]:
-    """The distinct quantized-linear problems of a model (affine 4/8-bit layers only), largest
-    weight first: a tuning run that stops early has done the layers that matter most."""
+def problem_of(layer) -> Problem | None:
+    """The tuning problem of an affine-quantized linear layer or embedding (None for anything else)."""
     import mlx.nn as nn
 
+    if not isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)) or getattr(layer, "mode", "affine") != "affine":
+        return None
+    if "biases" not in layer or layer["biases"] is None:
+        return None
+    n, packed = layer["weight"].shape
+    return Problem(n, packed * 32 // layer.bits, layer.bits, layer.group_size, str(layer["scales"].dtype).rsplit(".", 1)[-1])
+
+
+def tied_head(model):
+    """The quantized embedding a model also runs as its output projection (tied weights: the
+    lm_head is `embed_tokens.as_linear`, the largest matmul of a decode step), or None."""
+    import mlx.nn as nn
+
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    tied = getattr(getattr(model, "args", None), "tie_word_embeddings", False) or not hasattr(model, "lm_head")
+    return embed if tied and isinstance(embed, nn.QuantizedEmbedding) and problem_of(embed) is not None else None
+
+
+def model_problems(model) -> list[Problem]:
+    """The distinct quantized-linear problems of a model (affine 4/8-bit layers, and a tied
+    lm_head), largest weight first: a tuning run that stops early has done the layers that
+    matter most."""
+    import mlx.nn as nn
+
+    layers = [layer for _path, layer in model.named_modules() if isinstance(layer, nn.QuantizedLinear)]
     seen = {}
-    for _path, layer in model.named_modules():
-        if isinstance(layer, nn.QuantizedLinear) and getattr(layer, "mode", "affine") == "affine":
-            n, packed = layer.weight.shape
-            problem = Problem(n, packed * 32 // layer.bits, layer.bits, layer.group_size,
-                              str(layer.scales.dtype).rsplit(".", 1)[-1])
+    for layer in [*layers, tied_head(model)]:
+        problem = problem_of(layer) if layer is not None else None
+        if problem is not None:
             seen[problem.key] = problem
     return sorted(seen.values(), key=lambda p: p.n * p.k, reverse=True)
