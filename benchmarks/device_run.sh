@@ -36,7 +36,8 @@ import sys
 from benchmarks.common import QWEN3_SHAPES
 s = QWEN3_SHAPES[sys.argv[1]]
 h, i, q, kv = s["hidden_size"], s["intermediate_size"], s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
-print(" ".join(f"--shape {n}x{k}" for n, k in sorted({(q + 2 * kv, h), (h, q), (2 * i, h), (h, i), (s["vocab_size"], h)})))
+shapes = {(q + 2 * kv, h), (h, q), (2 * i, h), (h, i), (s["vocab_size"], h)}
+print(" ".join(f"--shape {n}x{k}" for n, k in sorted(shapes)))
 PY
 }
 for part in ${parts//,/ }; do

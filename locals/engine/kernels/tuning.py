@@ -270,12 +270,13 @@ def problem_of(layer) -> Problem | None:
     """The tuning problem of an affine-quantized linear layer or embedding (None for anything else)."""
     import mlx.nn as nn
 
-    if not isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)) or getattr(layer, "mode", "affine") != "affine":
+    if not isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
         return None
-    if "biases" not in layer or layer["biases"] is None:
+    if getattr(layer, "mode", "affine") != "affine" or "biases" not in layer or layer["biases"] is None:
         return None
     n, packed = layer["weight"].shape
-    return Problem(n, packed * 32 // layer.bits, layer.bits, layer.group_size, str(layer["scales"].dtype).rsplit(".", 1)[-1])
+    dtype = str(layer["scales"].dtype).rsplit(".", 1)[-1]
+    return Problem(n, packed * 32 // layer.bits, layer.bits, layer.group_size, dtype)
 
 
 def tied_head(model):
