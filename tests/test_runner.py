@@ -50,7 +50,10 @@ async def test_readme_example_applies_the_passing_patch(tmp_path, locals_home):
         "list_files", "read_file", "search", "write_file", "edit_file", "run", "finish"}
     assert fake.requests[0]["response_format"]["type"] == "json_schema"
     assert len({b["temperature"] for b in agent_calls}) == 3
-    assert report.prompt_tokens > 0 and report.completion_tokens == 10 * len(fake.requests)  # planner included
+    # Every reply tallied (10 tokens each, planner included) but a losing agent's call in flight when the
+    # winner passed: it is cancelled with its agent, at most one per loser.
+    lost = len(fake.requests) - report.completion_tokens // 10
+    assert report.prompt_tokens > 0 and report.completion_tokens % 10 == 0 and 0 <= lost <= 2
     assert any(type(e).__name__ == "CheckDone" and e.passed for e in events)
 
 
