@@ -41,7 +41,11 @@ PASSED_ENV = ("LOCALS_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_EN
 
 
 class AlreadyRunning(LocalsError):
-    """`locals start` while a server already answers on that port."""
+    """`locals start` while a server already answers on that port; `model` is what it serves."""
+
+    def __init__(self, message: str, model: str | None = None):
+        super().__init__(message)
+        self.model = model
 
 
 @dataclass
@@ -271,7 +275,7 @@ def start(model: str | None = None, port: int | None = None, host: str | None = 
     running = health(port, host)
     if running is not None:
         raise AlreadyRunning(f"locals is already running at {url} with {running.get('model')}; "
-                             "run `locals stop` first to change the model or port")
+                             "run `locals stop` first to change the model or port", model=running.get("model"))
     _clear_stale(port)
     record = ServerRecord(port=port, host=host, model=model, mode=service_manager(),
                           log=str(log_path(port)))

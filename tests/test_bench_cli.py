@@ -66,3 +66,17 @@ def test_bench_bad_options_are_one_line_errors():
         proc = run_cli("bench", *args)
         assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+
+
+def test_bench_out_may_be_a_folder_and_a_bad_one_fails_before_measuring(tmp_path, locals_home):
+    from locals.cli.bench import _report_path
+    from locals.errors import LocalsError
+
+    inside = _report_path(tmp_path)
+    assert inside.parent == tmp_path and inside.name.startswith("bench-") and inside.suffix == ".json"
+    assert _report_path(tmp_path / "new" / "r.json") == tmp_path / "new" / "r.json"
+    assert (tmp_path / "new").is_dir()
+    assert _report_path(None).parent == locals_home / "state" / "bench"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(LocalsError, match="--out"):
+        _report_path(tmp_path / "file" / "r.json")  # its folder would be a file

@@ -47,6 +47,32 @@ def test_bad_schema_file_is_one_clear_line(tmp_path):
     _one_clear_line(proc, "not valid JSON")
 
 
+def test_out_of_range_sampling_options_are_one_clear_line():
+    for args, needle in ((("--max-tokens", "0"), "--max-tokens"), (("--top-p", "5"), "--top-p"),
+                         (("--temperature", "-1"), "--temperature")):
+        _one_clear_line(run_cli("generate", "--prompt", "hi", *args), needle)
+    _one_clear_line(run_cli("chat", "--max-tokens", "-5"), "--max-tokens")
+
+
+def test_a_folder_mlx_lm_cannot_load_is_one_clear_line(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    _one_clear_line(run_cli("generate", "--model", str(empty), "--prompt", "hi"), "not a model folder")
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "config.json").write_text('{"model_type": "nosuch"}')
+    (odd / "model.safetensors").write_bytes(b"")
+    _one_clear_line(run_cli("generate", "--model", str(odd), "--prompt", "hi"), "not a model folder")
+
+
+def test_ports_and_log_lines_out_of_range_are_usage_errors():
+    for args in (("serve", "--port", "70000"), ("start", "--port", "0"), ("status", "--logs", "-n", "0"),
+                 ("run", "x", "--port", "-1")):
+        proc = run_cli(*args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
 def test_help_lists_only_working_commands():
     proc = run_cli("--help")
     assert proc.returncode == 0
@@ -65,6 +91,17 @@ def test_models_lists_aliases():
     assert proc.returncode == 0, proc.stderr
     for alias in ("qwen", "lfm", "minicpm", "gemma", "smollm2"):
         assert alias in proc.stdout
+    assert "mlx-community/Qwen3.5-4B-MLX-4bit" in proc.stdout  # piped, repo ids stay whole
+
+
+def test_what_fits_counts_float32_weights_on_a_cpu():
+    from locals.engine.models_list import loaded_bytes
+
+    assert loaded_bytes(1e9, "mlx-community/Qwen3-4B-4bit", dense=False) == 1e9
+    assert loaded_bytes(1e9, "mlx-community/Qwen3-4B-4bit", dense=True) == 8e9
+    assert loaded_bytes(1e9, "org/Model-8bit", dense=True) == 4e9
+    assert loaded_bytes(1e8, "embedded:SmolLM2-135M-Instruct.Q4_1.gguf", dense=True) == 8e8
+    assert loaded_bytes(1e9, "org/model-bf16", dense=True) == 2e9
 
 
 @pytest.mark.model

@@ -107,3 +107,20 @@ def test_every_locals_variable_reaches_a_background_server():
         read |= set(re.findall(r"\bLOCALS_[A-Z_]+\b", path.read_text()))
     internal = {"LOCALS_BLAS_REEXEC"}  # set by locals itself on its OpenBLAS restart
     assert read - internal <= set(daemon.PASSED_ENV), sorted(read - internal - set(daemon.PASSED_ENV))
+
+
+def test_start_with_another_model_than_the_running_one_fails(monkeypatch):
+    from typer.testing import CliRunner
+
+    from locals.cli import app
+
+    def running(model, port, **_):
+        raise daemon.AlreadyRunning("locals is already running with smollm2; run `locals stop` first", "smollm2")
+
+    monkeypatch.setattr(daemon, "start", running)
+    same = CliRunner().invoke(app, ["start", "--model", "smollm2"])
+    assert same.exit_code == 0 and "already running" in same.output  # asking again is fine
+    plain = CliRunner().invoke(app, ["start"])
+    assert plain.exit_code == 0
+    other = CliRunner().invoke(app, ["start", "--model", "qwen"])
+    assert other.exit_code != 0 and isinstance(other.exception, daemon.AlreadyRunning)

@@ -158,6 +158,11 @@ def test_cache_cli_lists_and_clears(locals_home):
     runner = CliRunner()
     listed = runner.invoke(app, ["cache", "list"])
     assert listed.exit_code == 0 and "abc123" in listed.output and "77" in listed.output
+    # A file cut inside its header is listed as damaged (never loaded), so `clear` can free it.
+    damaged = next(prompts_dir().rglob("*.kv")).with_name("cut.kv")
+    damaged.write_bytes(next(prompts_dir().rglob("*.kv")).read_bytes()[:20])
+    listed = runner.invoke(app, ["cache", "list"])
+    assert listed.exit_code == 0 and "damaged" in listed.output and "77" in listed.output, listed.output
     cleared = runner.invoke(app, ["cache", "clear"])
     assert cleared.exit_code == 0 and "cleared" in cleared.output
     assert not list(prompts_dir().rglob("*.kv"))

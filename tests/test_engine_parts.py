@@ -119,6 +119,27 @@ def test_top_p_and_min_p_cut_the_tail():
     assert {t for i, t in draws if i == 1} <= {0, 1}
 
 
+def test_top_p_zero_keeps_the_most_likely_token():
+    logits = mx.log(mx.array([[0.2, 0.5, 0.3]]))
+    key = mx.random.key(2)
+    for _ in range(10):
+        out = sample(logits, [RowSampling(1.0, 0.0, 0, 0.0, key)])
+        assert out.tokens.tolist() == [1]  # was every token cut: -inf everywhere, a meaningless draw
+        key = out.keys[0]
+
+
+def test_sampling_params_name_the_value_out_of_range():
+    from locals.protocol import SamplingParams
+
+    assert SamplingParams(temperature=0.7, top_p=0.0, top_k=40, min_p=0.1).problem() is None
+    assert "max_tokens" in SamplingParams(max_tokens=0).problem()
+    assert "temperature" in SamplingParams(temperature=-1).problem()
+    assert "top_p" in SamplingParams(top_p=1.5).problem()
+    assert "top_p" in SamplingParams(top_p=float("nan")).problem()
+    assert "top_k" in SamplingParams(top_k=-3).problem()
+    assert "min_p" in SamplingParams(min_p=2).problem()
+
+
 def test_ragged_forward_matches_plain_model(tiny_llama):
     model = tiny_llama.model
     a, b = mx.array(list(range(10, 30))), mx.array([5, 6, 7])

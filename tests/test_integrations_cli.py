@@ -133,6 +133,17 @@ async def test_ollama_port_check_tells_locals_from_ollama(server):
     assert await asyncio.to_thread(foreign_server, other) is False  # nothing listens now
 
 
+def test_setup_of_a_tool_without_settings_refuses_before_starting_a_server(monkeypatch):
+    from locals.errors import LocalsError
+
+    started = []
+    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port: started.append(port))
+    for tool in ("ollama", "editor"):
+        with pytest.raises(LocalsError, match="keeps no settings of its own"):
+            _invoke("setup", tool)
+    assert started == []
+
+
 def test_unknown_tool_is_a_clear_error():
     from locals.errors import LocalsError
 

@@ -15,7 +15,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_tune_report_without_results_says_how_to_fix():
     proc = run_cli("tune", "--report")
     assert proc.returncode == 1
-    assert "run `locals tune`" in proc.stderr and "Traceback" not in proc.stderr
+    # On a CPU models have nothing to tune (dense weights): the hint names --shape.
+    assert "run `locals tune --shape OUTxIN`" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_tune_shape_then_report(locals_home):
@@ -33,7 +34,10 @@ def test_tune_bad_options_are_one_line_errors():
     for args, needle in ((("--shape", "33x100"), "multiple of the group size"),
                          (("--shape", "abc"), "OUTxIN"),
                          (("--shape", "33x128", "--rows", "0-40"), "within 1-32"),
-                         (("--shape", "33x128", "--bits", "3"), "--bits")):
+                         (("--shape", "33x128", "--bits", "3"), "--bits"),
+                         (("--shape", "64x64", "--group-size", "0"), "--group-size"),
+                         (("--shape", "64x96", "--group-size", "48"), "--group-size"),
+                         (("--shape", "64x128", "--rounds", "0"), "--rounds")):
         proc = run_cli("tune", *args)
         assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr

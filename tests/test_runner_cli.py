@@ -59,6 +59,8 @@ def test_bad_input_is_refused_with_advice(tmp_path):
     assert result.exit_code != 0 and "git init" in str(result.exception)
     result = invoke("x", "--dir", str(make_project(tmp_path)), "--parts", "many", "--server", "http://127.0.0.1:9")
     assert "--parts must be" in str(result.exception)
+    result = invoke("x", "--dir", str(tmp_path / "project"), "--server", "notaurl")
+    assert result.exit_code != 0 and "http://" in str(result.exception)
 
 
 def test_ctrl_c_in_a_real_process_cleans_up(tmp_path, locals_home):

@@ -86,5 +86,7 @@ async def test_errors_use_the_ollama_shape(client):
     resp = await client.post("/api/chat", json={"messages": [{"role": "user", "content": "x"}],
                                                 "options": {"temperature": "warm"}})
     assert resp.status == 400 and "temperature" in (await resp.json())["error"]
+    resp = await client.post("/api/generate", json={"prompt": "x", "options": {"top_p": -0.5}})
+    assert resp.status == 400 and "top_p" in (await resp.json())["error"]
     resp = await client.post("/api/embed", json={})
     assert resp.status == 404 and isinstance((await resp.json())["error"], str)

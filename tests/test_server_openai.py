@@ -162,6 +162,8 @@ async def test_models_lists_the_loaded_model(client):
     ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "`temperature`"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "`n`"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_p": 5}, "`top_p`"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": -1, "stream": True}, "`temperature`"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {}}]}, "name"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "text only"),
 ])

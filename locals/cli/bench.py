@@ -44,6 +44,17 @@ def _check_quiet(force: bool) -> float:
     return busy
 
 
+def _report_path(out: Path | None) -> Path:
+    """Where the JSON report goes: `out`, a new file inside `out` when it is a folder, or the state folder."""
+    name = f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path = (out / name if out.is_dir() else out) if out else state_dir() / "bench" / name
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LocalsError(f"--out {out}: cannot create its folder ({exc.strerror}); pick a writable path") from None
+    return path
+
+
 def _table(rows: list[dict]) -> Table:
     out = Table(title="decode tok/s (median, range) · TTFT")
     for col in ("B", "locals", "mlx-lm", "locals / mlx-lm", "TTFT locals", "TTFT mlx-lm"):
@@ -105,9 +116,10 @@ def bench(
     batch_list = _parse_batches(batches)
     if tokens < 2 or prompt_len < 1 or rounds < 1:
         raise LocalsError("--tokens must be at least 2, --prompt-len and --rounds at least 1")
+    path = _report_path(out)  # a bad --out fails now, not after the measuring
+    busy_before = _check_quiet(force)  # before loading: a download or load would be wasted on a busy machine
     prepare_model_process()
     loaded = load_with_spinner(model)
-    busy_before = _check_quiet(force)
     from locals.engine.bench import machine_info, other_cpu_percent
 
     rows = _measure(loaded, batch_list, tokens, prompt_len, rounds)
@@ -115,8 +127,6 @@ def bench(
               "model_id": loaded.model_id, "backend": loaded.backend.kind, "tokens": tokens,
               "prompt_len": prompt_len, "rounds": rounds, "other_cpu_percent_before": busy_before,
               "other_cpu_percent_after": other_cpu_percent(0.5), "machine": machine_info(), "rows": rows}
-    path = out or state_dir() / "bench" / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1))
     console.print(_table(rows))
     console.print(f"same weights for both ({loaded.backend.kind}); report: {path}")

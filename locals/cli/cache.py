@@ -20,11 +20,10 @@ def prompts_dir():
 
 @cache_app.command("list")
 def list_cache() -> None:
-    """List cached prompt prefixes per model: tokens, size, last use."""
+    """List cached prompt prefixes, one a row: model key, tokens, size, last use."""
     import datetime
-    import json
 
-    from locals.engine.disk_cache import MAGIC
+    from locals.engine.disk_cache import read_header
 
     root = prompts_dir()
     table = Table(title=f"Prompt cache ({root})")
@@ -32,14 +31,14 @@ def list_cache() -> None:
         table.add_column(col)
     total = 0
     for path in sorted(root.glob("*/*.kv")) if root.exists() else []:
-        with open(path, "rb") as f:
-            if f.read(len(MAGIC)) != MAGIC:
-                continue
-            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        header = read_header(path, None)
+        tokens = header.get("tokens") if header else None
         stat = path.stat()
         total += stat.st_size
         used = datetime.datetime.fromtimestamp(stat.st_mtime).strftime("%Y-%m-%d %H:%M")
-        table.add_row(path.parent.name, str(len(header["tokens"])), f"{stat.st_size / 2**20:.1f} MiB", used)
+        # A damaged file is never loaded (its checksum fails); it is listed so `clear` can free it.
+        count = str(len(tokens)) if isinstance(tokens, list) else "[yellow]damaged[/yellow]"
+        table.add_row(path.parent.name, count, f"{stat.st_size / 2**20:.1f} MiB", used)
     console.print(table)
     console.print(f"{total / 2**20:.1f} MiB in all")
 

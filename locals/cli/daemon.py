@@ -19,7 +19,8 @@ MODEL_HELP = "Alias (qwen, lfm, smollm2…), Hugging Face repo id or local folde
 
 def start(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
-    port: Optional[int] = typer.Option(None, "--port", "-p", help="Port (default: the last one, else 8321)."),
+    port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535,
+                                       help="Port (default: the last one, else 8321)."),
     timeout: float = typer.Option(daemon.START_TIMEOUT_S, "--timeout", help="Seconds to wait for the model."),
 ) -> None:
     """Start the server in the background and wait until the model is loaded."""
@@ -35,6 +36,10 @@ def start(
         with console_err.status(phase["text"], spinner="dots") as spinner:
             url = daemon.start(model, port, timeout=timeout, on_wait=on_wait)
     except daemon.AlreadyRunning as exc:
+        from locals.engine.catalog import split_thinking, strip_editor_prefix
+
+        if model and split_thinking(strip_editor_prefix(model))[0] != exc.model:
+            raise  # a script asked for another model: it must not go on as if it had it
         console.print(str(exc))
         return
     body = daemon.health(port) or {}
@@ -46,7 +51,7 @@ def start(
 def serve(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     host: str = typer.Option(DEFAULT_HOST, "--host", help="Address to bind; non-loopback needs --allow-remote."),
-    port: int = typer.Option(8321, "--port", "-p", help="Port to listen on."),
+    port: int = typer.Option(8321, "--port", "-p", min=1, max=65535, help="Port to listen on."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Accept requests from other machines."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LOCALS_API_KEY",
                                           help="Require this key (Bearer or x-api-key)."),
@@ -68,7 +73,8 @@ def serve(
         daemon.unmark_serving(port)
 
 
-def stop(port: Optional[int] = typer.Option(None, "--port", "-p", help="Port (default: the remembered one).")) -> None:
+def stop(port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535,
+                                           help="Port (default: the remembered one).")) -> None:
     """Stop the background server."""
     port = port or load_remembered().port
     if daemon.stop(port):
@@ -86,9 +92,10 @@ def _uptime(s: float) -> str:
 
 
 def status(
-    port: Optional[int] = typer.Option(None, "--port", "-p", help="Port (default: the remembered one)."),
+    port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535,
+                                       help="Port (default: the remembered one)."),
     logs: bool = typer.Option(False, "--logs", help="Print the end of the server log instead."),
-    lines: int = typer.Option(40, "--lines", "-n", help="Log lines to print with --logs."),
+    lines: int = typer.Option(40, "--lines", "-n", min=1, help="Log lines to print with --logs."),
 ) -> None:
     """Show what the server is doing: model, memory, uptime, requests, speed, cache hits."""
     port = port or load_remembered().port

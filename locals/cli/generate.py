@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from locals.cli.common import console, console_err, load_with_spinner, prepare_model_process
@@ -41,6 +43,15 @@ def _stream(engine, request: GenerationRequest, out=sys.stdout) -> tuple[FinishE
     return finish, ttft or 0.0
 
 
+def _sampling(**values) -> SamplingParams:
+    """SamplingParams from the command's options; LocalsError naming the option out of range."""
+    sampling = SamplingParams(**values)
+    problem = sampling.problem()
+    if problem:
+        raise LocalsError(re.sub(r"`(\w+)`", lambda m: "--" + m.group(1).replace("_", "-"), problem))
+    return sampling
+
+
 def _report(finish: FinishEvent, ttft: float, elapsed: float) -> None:
     decode = max(elapsed - ttft, 1e-9)
     rate = (finish.usage.completion_tokens - 1) / decode if finish.usage.completion_tokens > 1 else 0.0
@@ -61,6 +72,7 @@ def generate(
     system: Optional[str] = typer.Option(None, "--system", help="A system message."),
 ) -> None:
     """Answer one prompt, streaming to stdout; speed and token counts go to stderr."""
+    sampling = _sampling(temperature=temperature, top_p=top_p, seed=seed, max_tokens=max_tokens)
     prepare_model_process()
     json_schema = _read_schema(schema) if schema else None
     loaded = load_with_spinner(model)
@@ -73,7 +85,7 @@ def generate(
                   if json_schema else None)
     request = GenerationRequest(
         prompt_tokens=tokens,
-        sampling=SamplingParams(temperature=temperature, top_p=top_p, seed=seed, max_tokens=max_tokens),
+        sampling=sampling,
         constraint=constraint,
     )
     engine = create_engine(loaded)
@@ -94,6 +106,7 @@ def chat(
     system: Optional[str] = typer.Option(None, "--system", help="A system message."),
 ) -> None:
     """Chat in the terminal; the conversation is kept. Type /exit (or Ctrl-D) to leave."""
+    _sampling(temperature=temperature, max_tokens=max_tokens)
     prepare_model_process()
     loaded = load_with_spinner(model)
     from locals.engine import create_engine, encode_prompt, render_prompt
@@ -117,7 +130,7 @@ def chat(
                 continue
             history.append({"role": "user", "content": line})
             tokens = encode_prompt(loaded, render_prompt(loaded, history))
-            request = GenerationRequest(tokens, SamplingParams(temperature=temperature, max_tokens=max_tokens))
+            request = GenerationRequest(tokens, _sampling(temperature=temperature, max_tokens=max_tokens))
             reply = _CollectingWriter()
             _stream(engine, request, out=reply)
             sys.stdout.write("\n")
@@ -142,23 +155,28 @@ class _CollectingWriter:
 
 def models() -> None:
     """List model aliases, what is downloaded in the Hugging Face cache, and what fits here."""
-    from locals.engine.models_list import downloaded_models, fits
+    from locals.engine.backend import detect
+    from locals.engine.models_list import downloaded_models, fits, loaded_bytes
 
-    table = Table(title="Aliases")
+    dense = detect().dense_weights
+    table = Table(title="Aliases" + (" (this CPU runs weights as float32: what fits counts that)" if dense else ""))
     for col in ("alias", "weights", "editor name", "size", "fits here", "note"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for alias in _aliases():
+        need = loaded_bytes(alias.size_gb * 1e9, alias.repo, dense)
         table.add_row(alias.name, alias.repo, alias.editor_name, f"{alias.size_gb:.1f} GB",
-                      "yes" if fits(alias.size_gb * 1e9) else "no", alias.note)
-    console.print(table)
+                      "yes" if fits(need) else "no", alias.note)
+    # Piped, the table is not cut to 80 columns: repo ids stay whole, to copy.
+    out = console if console.is_terminal else Console(width=max(console.width, 150))
+    out.print(table)
     cached = downloaded_models()
     if cached:
         table = Table(title="Downloaded (Hugging Face cache)")
         for col in ("repo", "size", "fits here"):
-            table.add_column(col)
+            table.add_column(col, overflow="fold")
         for repo, size in cached:
-            table.add_row(repo, f"{size / 1e9:.2f} GB", "yes" if fits(size) else "no")
-        console.print(table)
+            table.add_row(repo, f"{size / 1e9:.2f} GB", "yes" if fits(loaded_bytes(size, repo, dense)) else "no")
+        out.print(table)
     else:
         console.print("[dim]No MLX models in the Hugging Face cache yet.[/dim]")
 

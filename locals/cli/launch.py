@@ -39,6 +39,13 @@ def _workdir(directory: Optional[Path]) -> Path:
     return path
 
 
+def _keeps_settings(tool) -> bool:
+    """Whether `tool` has a config file of its own that `setup` can point at locals."""
+    from integrations.base import Tool
+
+    return type(tool).configure is not Tool.configure or type(tool).setup_values is not Tool.setup_values
+
+
 def _show_changes(done) -> None:
     for path, why in done:
         console_err.print(f"[dim]{path}: {why} (undo: `locals disconnect`)[/dim]")
@@ -106,7 +113,8 @@ def register(app: typer.Typer) -> None:
         directory: Optional[Path] = typer.Argument(None, help="Project folder (default: here)."),
         run: Optional[str] = typer.Option(None, "--run", help="Do this one task headless and print what was done."),
         model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to start locals with."),
-        port: Optional[int] = typer.Option(None, "--port", help="Port of the locals daemon."),
+        port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
+                                           help="Port of the locals daemon (default: the last one, else 8321)."),
     ) -> None:
         """Open OpenCode on a project, with locals as its model."""
         _launch("opencode", [], model, port, directory, run)
@@ -116,7 +124,8 @@ def register(app: typer.Typer) -> None:
         tool: str = typer.Argument(..., help="Tool name, or `list` to show them all."),
         args: Optional[List[str]] = typer.Argument(None, help="Extra arguments passed to the tool."),
         model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to start locals with."),
-        port: Optional[int] = typer.Option(None, "--port", help="Port of the locals daemon."),
+        port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
+                                           help="Port of the locals daemon (default: the last one, else 8321)."),
         directory: Optional[Path] = typer.Option(None, "--dir", help="Folder to run the tool in."),
         run: Optional[str] = typer.Option(None, "--run", help="Do this one task headless, then exit."),
     ) -> None:
@@ -130,17 +139,25 @@ def register(app: typer.Typer) -> None:
     def setup(
         tool: str = typer.Argument("opencode", help="Tool whose own config should use locals."),
         model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to start locals with."),
-        port: Optional[int] = typer.Option(None, "--port", help="Port of the locals daemon."),
+        port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
+                                           help="Port of the locals daemon (default: the last one, else 8321)."),
     ) -> None:
         """Make locals a tool's default model in its own config (undo with `locals disconnect`)."""
         from integrations import launcher
         from integrations.base import get_tool
 
         target = get_tool(tool)
+        if not _keeps_settings(target):  # refuse before a server is started for nothing
+            raise LocalsError(f"{target.title} keeps no settings of its own to change; "
+                              f"use `locals launch {target.name}`")
+        if target.launches and not target.detect().installed:
+            console_err.print(f"[yellow]{target.title} is not installed here[/yellow]; its settings are written for "
+                              f"when it is ({target.install or 'see its own site'})")
         ctx = _context(target, model, port, Path.cwd(), None)
         changes = target.configure(ctx) + target.setup_values(ctx)
         if not changes:
-            raise LocalsError(f"{target.title} keeps no settings of its own to change; use `locals launch {target.name}`")
+            raise LocalsError(f"{target.title} keeps no settings of its own to change; "
+                              f"use `locals launch {target.name}`")
         for path, why in launcher.apply_changes(target, changes):
             console.print(f"[green]✓[/green] {path}: {why}")
         console.print(f"Backed up first; `locals disconnect {target.name}` puts the old settings back.")

@@ -36,7 +36,8 @@ def run(
     max_tokens: int = typer.Option(1024, "--max-tokens", min=16, help="Longest reply of each model call."),
     server: Optional[str] = typer.Option(None, "--server", help="Any OpenAI-compatible base URL instead of the locals daemon."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to start (or to name to --server)."),
-    port: Optional[int] = typer.Option(None, "--port", help="Port of the locals daemon."),
+    port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
+                                           help="Port of the locals daemon (default: the last one, else 8321)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the worktrees afterwards (their path is printed)."),
     no_sandbox: bool = typer.Option(False, "--no-sandbox", help="Run the agents' commands unconfined."),
     network: bool = typer.Option(False, "--network", help="Let the agents' commands and the check use the network."),
@@ -53,6 +54,8 @@ def run(
     if not options.directory.is_dir():
         raise LocalsError(f"--dir {directory} is not a folder")
     _preflight(options)
+    if server and not server.startswith(("http://", "https://")):
+        raise LocalsError(f"--server {server!r}: give the base URL with its scheme, e.g. http://127.0.0.1:8080/v1")
     base_url = server or _start_daemon(model, port)
     try:
         report = asyncio.run(_main(options, base_url, model if server else None, json_out))

@@ -104,11 +104,15 @@ def tune(
     if report:
         table = load_table()
         if table is None:
-            raise LocalsError("this chip has no tuning results for this MLX version; run `locals tune`")
+            hint = ("`locals tune`" if current_chip()[0] != "cpu" else
+                    "`locals tune --shape OUTxIN` (the CPU backend runs dense weights, so models have nothing to tune)")
+            raise LocalsError(f"this chip has no tuning results for this MLX version; run {hint}")
         print_table(table)
         return
     if bits not in (4, 8) or dtype not in ("bfloat16", "float16", "float32"):
         raise LocalsError("--bits must be 4 or 8 and --dtype one of bfloat16, float16, float32")
+    if group_size not in (32, 64, 128) or rounds < 1:
+        raise LocalsError("--group-size must be 32, 64 or 128 and --rounds at least 1")
     row_list = _parse_rows(rows) if rows else None
     pool = None
     if only:

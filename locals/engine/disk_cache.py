@@ -104,8 +104,8 @@ def _write_file(path: Path, key: str, tokens: list[int], kv: list[tuple[np.ndarr
     return size + 32
 
 
-def read_header(path: Path, key: str) -> dict | None:
-    """The file's header if it has our magic and model key (tensors not read or checked)."""
+def read_header(path: Path, key: str | None) -> dict | None:
+    """The file's header if it has our magic and model key, any key when None (tensors not read or checked)."""
     try:
         with open(path, "rb") as f:
             if f.read(len(MAGIC)) != MAGIC:
@@ -114,7 +114,9 @@ def read_header(path: Path, key: str) -> dict | None:
             header = json.loads(f.read(size))
     except (OSError, ValueError):
         return None
-    return header if header.get("model_key") == key else None
+    if not isinstance(header, dict):
+        return None
+    return header if key is None or header.get("model_key") == key else None
 
 
 def decode(data, key: str) -> tuple[list[int], list[LayerKV]] | None:

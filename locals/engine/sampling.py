@@ -133,7 +133,7 @@ def _top_p(scaled: mx.array, ps: list[float]) -> mx.array:
     top_p = mx.array(ps)[:, None]
     # Keep the smallest set of most likely tokens whose mass reaches top_p (at least one).
     kept = before < top_p
-    floor = mx.min(mx.where(kept, desc, mx.inf), axis=-1, keepdims=True)
+    floor = mx.minimum(mx.min(mx.where(kept, desc, mx.inf), axis=-1, keepdims=True), desc[:, :1])
     return mx.where(probs < floor, -mx.inf, scaled)
 
 

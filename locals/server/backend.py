@@ -128,6 +128,9 @@ class Backend:
 
     def prepare(self, chat: Chat) -> GenerationRequest:
         """Tokenize and constrain a chat; RequestError for what cannot be served."""
+        problem = chat.sampling.problem()
+        if problem:
+            raise RequestError(problem)
         points: list[int] = []
         if chat.prompt is not None:
             tokens = list(self.loaded.tokenizer.encode(chat.prompt))
