@@ -160,6 +160,40 @@ def test_cancel_waiting_request(tiny_llama):
         eng.stop()
 
 
+def test_any_integer_seed_is_taken_and_a_request_that_cannot_start_fails_alone(engine, monkeypatch):
+    for seed in (-1, 2**64, 7):
+        tokens, _, fin = run_alone(engine, [1, 2, 3], temperature=1.0, seed=seed, max_tokens=3)
+        assert fin.reason == "length" and len(tokens) == 3
+    assert run_alone(engine, [1, 2], temperature=1.0, seed=-1, max_tokens=4)[0] == \
+        run_alone(engine, [1, 2], temperature=1.0, seed=2**64 - 1, max_tokens=4)[0]  # the same key
+    real = engine._new_sequence
+    monkeypatch.setattr(engine, "_new_sequence",
+                        lambda request, *a: (_ for _ in ()).throw(ValueError("no")) if request.meta.get("bad")
+                        else real(request, *a))
+    c = Collector()
+    bad = c.submit(engine, GenerationRequest([1, 2], SamplingParams(max_tokens=3), meta={"bad": True}))
+    good = c.submit(engine, GenerationRequest([1, 2], SamplingParams(max_tokens=3)))
+    c.wait()
+    assert c.finish(bad).reason == "error" and "could not start" in c.finish(bad).error
+    assert c.finish(good).reason == "length" and not engine.broken
+
+
+def test_a_broken_engine_answers_every_request_and_says_why(tiny_llama, monkeypatch):
+    eng = Engine(tiny_llama, EngineConfig(max_batch=1, prefix_cache_bytes=0))
+    monkeypatch.setattr(eng, "_admit", lambda: (_ for _ in ()).throw(RuntimeError("a bug")))
+    eng.start()
+    try:
+        c = Collector()
+        first = c.submit(eng, GenerationRequest([1, 2, 3], SamplingParams(max_tokens=5)))
+        c.wait(30)
+        assert c.finish(first).reason == "error" and "a bug" in c.finish(first).error
+        assert "a bug" in eng.broken
+        later = c.submit(eng, GenerationRequest([4, 5], SamplingParams(max_tokens=5)))  # answered at once
+        assert c.finish(later).reason == "error" and "restart locals" in c.finish(later).error
+    finally:
+        eng.stop()
+
+
 @pytest.mark.model
 def test_smollm2_batched_greedy_equals_alone(smollm2):
     from locals.engine.templates import render_prompt

@@ -111,6 +111,10 @@ async def test_count_tokens(client):
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, "`max_tokens`"),
     ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "sometimes"}}, "tool_choice"),
     ({"messages": [{"role": "user", "content": "x"}], "top_k": -1, "stream": True}, "`top_k`"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": ["plain"]}]}]},
+     "blocks must be objects"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "image", "source": {}}]}]}]}, "text only"),
 ])
 async def test_errors_use_the_anthropic_shape(client, body, needle):
     resp = await client.post("/v1/messages", json=body)

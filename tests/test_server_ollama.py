@@ -64,6 +64,18 @@ async def test_generate(client, engine):
     assert "".join(chr(t) for t in engine.requests[1].prompt_tokens) == "P:"
     data = await (await client.post("/api/generate", json={"model": "x"})).json()
     assert data["done_reason"] == "load"
+    data = await (await client.post("/api/generate", json={"model": "x", "keep_alive": 0})).json()
+    assert data["done_reason"] == "unload"
+
+
+async def test_an_empty_chat_loads_the_model_as_ollama_run_does(client, engine):
+    for body, reason in (({"model": "x", "messages": []}, "load"), ({"model": "x"}, "load"),
+                         ({"model": "x", "messages": [], "keep_alive": 0}, "unload")):
+        resp = await client.post("/api/chat", json=body)
+        data = await resp.json()
+        assert resp.status == 200 and data["done"] and data["done_reason"] == reason
+        assert data["message"] == {"role": "assistant", "content": ""}
+    assert engine.requests == []  # nothing was generated
 
 
 async def test_listing_endpoints(client):
@@ -88,5 +100,10 @@ async def test_errors_use_the_ollama_shape(client):
     assert resp.status == 400 and "temperature" in (await resp.json())["error"]
     resp = await client.post("/api/generate", json={"prompt": "x", "options": {"top_p": -0.5}})
     assert resp.status == 400 and "top_p" in (await resp.json())["error"]
+    resp = await client.post("/api/generate", json={"prompt": "x", "images": ["aGk="]})
+    assert resp.status == 400 and "text only" in (await resp.json())["error"]
+    resp = await client.post("/api/chat", json={"messages": [
+        {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": {"function": {}}}]})
+    assert resp.status == 400 and "tool_calls" in (await resp.json())["error"]
     resp = await client.post("/api/embed", json={})
     assert resp.status == 404 and isinstance((await resp.json())["error"], str)

@@ -163,6 +163,13 @@ async def test_models_lists_the_loaded_model(client):
     ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "`temperature`"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "`n`"),
     ({"messages": [{"role": "user", "content": "x"}], "top_p": 5}, "`top_p`"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
+      "tool_choice": {"type": "function", "function": "f"}}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [
+        {"id": [1], "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, "`id`"),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": 5}]}, "tool_call_id"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "`max_tokens`"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "`max_completion_tokens`"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": -1, "stream": True}, "`temperature`"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {}}]}, "name"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "text only"),

@@ -37,6 +37,20 @@ async def test_health_status_and_metrics_follow_requests():
         await client.close()
 
 
+async def test_a_broken_engine_is_not_healthy():
+    engine = ScriptedEngine(replies=["one"])
+    engine.broken = "the engine failed (RuntimeError: a bug); restart locals (`locals stop`)"
+    client = await start_client(make_state(engine))
+    try:
+        resp = await client.get("/health")
+        assert resp.status == 503 and "a bug" in (await resp.json())["error"]
+        status = await (await client.get("/v1/locals/status")).json()
+        assert status["status"] == "failed" and "a bug" in status["error"]
+        assert 'locals_up{model="fake"} 0' in await (await client.get("/metrics")).text()
+    finally:
+        await client.close()
+
+
 async def test_loading_state_answers_503_in_each_shape():
     client = await start_client(ServerState(model="qwen"))
     try:

@@ -126,6 +126,8 @@ class Engine:
         self._waiting: deque[tuple[GenerationRequest, Sink, float]] = deque()
         self._active: list[Sequence] = []
         self._thread: threading.Thread | None = None
+        self._broken: str | None = None
+        self._submit_lock = threading.Lock()
         self._stopping = threading.Event()
         self._kv_bytes = 0
         # Work the engine thread does while no request is around: called as
@@ -157,21 +159,35 @@ class Engine:
         # freed its compiled graphs itself, on its own stream).
         gc.collect()
         self._drain(block=False)
-        for seq in self._active:
-            seq.finish("cancelled", "engine stopped")
-        for request, sink, _ in self._waiting:
-            sink(FinishEvent(request.id, "cancelled", Usage(len(request.prompt_tokens)), "engine stopped"))
-        self._active.clear()
-        self._waiting.clear()
+        self._end_all("cancelled", "engine stopped")
         flush = getattr(self.prefix_cache, "flush", None)  # the disk tier, where there is one
         if flush is not None:
             written, abandoned = flush(FLUSH_TIMEOUT_S)
             if written or abandoned:
                 log.info("prompt cache: %d disk write(s) finished at stop, %d abandoned", written, abandoned)
 
+    def _end_all(self, reason: str, error: str) -> None:
+        """Finish every running and waiting request with `reason` (the engine stops or broke)."""
+        for seq in self._active:
+            seq.finish(reason, error)
+        for request, sink, _ in self._waiting:
+            sink(FinishEvent(request.id, reason, Usage(len(request.prompt_tokens)), error))
+        self._active.clear()
+        self._waiting.clear()
+
+    @property
+    def broken(self) -> str | None:
+        """Why the engine thread ended on its own (a bug), or None while it runs or was stopped."""
+        return self._broken
+
     def submit(self, request: GenerationRequest, sink: Sink) -> None:
-        """Queue `request`; `sink` is called on the engine thread with its events."""
-        self._inbox.put(("submit", request, _safe(sink, request.id), time.perf_counter()))
+        """Queue `request`; `sink` is called on the engine thread with its events (at once,
+        with an error, when the engine is broken: nothing would ever answer it)."""
+        with self._submit_lock:  # either queued before the engine broke (and answered), or answered here
+            if not self._broken:
+                self._inbox.put(("submit", request, _safe(sink, request.id), time.perf_counter()))
+                return
+        _safe(sink, request.id)(FinishEvent(request.id, "error", Usage(len(request.prompt_tokens)), self._broken))
 
     def cancel(self, request_id: str) -> None:
         """End a request at the next step (FinishEvent reason "cancelled"), freeing its slot and KV."""
@@ -247,6 +263,16 @@ class Engine:
     # --- engine thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:  # a bug: answer everyone and say so rather than leave them waiting
+            log.exception("engine thread failed")
+            with self._submit_lock:
+                self._broken = f"the engine failed ({type(exc).__name__}: {exc}); restart locals (`locals stop`)"
+            self._drain(block=False)
+            self._end_all("error", self._broken)
+
+    def _loop(self) -> None:
         # MLX streams belong to the thread that creates them: make ours here.
         with mx.stream(mx.new_stream(mx.default_device())):
             launched: Launched | None = None
@@ -405,7 +431,11 @@ class Engine:
             if verdict != ADMIT:
                 self._finish_waiting(entry, "memory", verdict)
                 continue
-            self._active.append(self._new_sequence(request, sink, at))
+            try:
+                self._active.append(self._new_sequence(request, sink, at))
+            except Exception as exc:  # this request's own fault or a bug: it alone fails
+                log.exception("could not start request %s", request.id)
+                self._finish_waiting(entry, "error", f"could not start the request: {exc}")
         self._waiting.extendleft(reversed(held))
 
     def _new_sequence(self, request: GenerationRequest, sink: Sink, at: float) -> Sequence:

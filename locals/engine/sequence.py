@@ -47,7 +47,8 @@ class Sequence:
         self.cache_points = sorted(p for p in request.cache_points if 0 < p <= len(self.prompt))
         seed = request.sampling.seed
         # (2,) PRNG key, or its row of the last step's next keys (the batch feeds them back whole).
-        self.key: mx.array | RowOf = mx.random.key(seed if seed is not None else random.getrandbits(63))
+        # Any integer seeds (MLX's key takes 0..2^64 - 1; a client's -1 or 2^64 would raise).
+        self.key: mx.array | RowOf = mx.random.key(seed % 2**64 if seed is not None else random.getrandbits(63))
         self.cached_tokens = 0
         self.submitted_at = submitted_at
         self.first_token_at: float | None = None

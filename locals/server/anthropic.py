@@ -50,8 +50,12 @@ def _convert_message(msg: Any, where: str) -> list[dict]:
             calls.append(assistant_call(block.get("id"), block.get("name"), block.get("input"), where))
         elif kind == "tool_result":
             result = block.get("content")
-            text = text_of(result if not isinstance(result, list) else
-                           [b for b in result if b.get("type") == "text"], where)
+            if isinstance(result, list):
+                result = _blocks(result, f"{where}.tool_result")
+                if any(b.get("type") in ("image", "document") for b in result):
+                    raise RequestError(f"{where}: this model reads text only; remove the tool result's image")
+                result = [b for b in result if b.get("type") == "text"]
+            text = text_of(result, where)
             if block.get("is_error"):
                 text = f"Error: {text}"
             out.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "",

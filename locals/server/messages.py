@@ -88,12 +88,18 @@ def openai_messages(messages: Any) -> list[dict]:
                 fn = call.get("function") if isinstance(call, dict) else None
                 if not isinstance(fn, dict):
                     raise RequestError(f"{where}.tool_calls entries need a `function` object")
-                item["tool_calls"].append(
-                    assistant_call(call.get("id"), fn.get("name"), fn.get("arguments"), where))
-                names[call.get("id")] = fn.get("name")
+                call_id = call.get("id")
+                if call_id is not None and not isinstance(call_id, str):
+                    raise RequestError(f"{where}.tool_calls entries' `id` must be a string")
+                item["tool_calls"].append(assistant_call(call_id, fn.get("name"), fn.get("arguments"), where))
+                names[call_id] = fn.get("name")
         if role == "tool":
-            item["tool_call_id"] = msg.get("tool_call_id") or ""
-            item["name"] = msg.get("name") or names.get(msg.get("tool_call_id"), "")
+            call_id = msg.get("tool_call_id")
+            if call_id is not None and not isinstance(call_id, str):
+                raise RequestError(f"{where}.tool_call_id must be a string")
+            item["tool_call_id"] = call_id or ""
+            name = msg.get("name")
+            item["name"] = name if isinstance(name, str) and name else names.get(call_id, "")
         out.append(item)
     return out
 
@@ -135,8 +141,9 @@ def openai_tool_choice(value: Any) -> Any:
     if value in ("auto", "none", "required"):
         return value
     if isinstance(value, dict):
-        name = (value.get("function") or {}).get("name") or value.get("name")
-        if isinstance(name, str):
+        fn = value.get("function")
+        name = (fn.get("name") if isinstance(fn, dict) else None) or value.get("name")
+        if isinstance(name, str) and name:
             return {"type": "function", "function": {"name": name}}
     raise RequestError("`tool_choice` must be auto, none, required or a named function")
 

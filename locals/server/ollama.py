@@ -61,9 +61,11 @@ def _messages(value: Any) -> list[dict]:
         item = {"role": msg["role"], "content": text_of(msg.get("content"), where)}
         calls = msg.get("tool_calls")
         if calls and msg["role"] == "assistant":
-            item["tool_calls"] = [assistant_call((c or {}).get("id"), ((c or {}).get("function") or {}).get("name"),
-                                                 ((c or {}).get("function") or {}).get("arguments"), where)
-                                  for c in calls]
+            if not isinstance(calls, list) or not all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+                                                      for c in calls):
+                raise RequestError(f"{where}.tool_calls must be an array of {{\"function\": {{...}}}} objects")
+            item["tool_calls"] = [assistant_call(c.get("id"), c["function"].get("name"), c["function"].get("arguments"),
+                                                 where) for c in calls]
         if msg["role"] == "tool":
             item["name"] = msg.get("tool_name") or msg.get("name") or ""
         out.append(item)
@@ -136,9 +138,20 @@ def _model(body: dict, backend: Backend) -> str:
     return model if isinstance(model, str) and model else f"{backend.name}:latest"
 
 
+def _load_reply(body: dict, model: str, key: str) -> web.Response:
+    """Ollama's answer to a request with nothing to generate: load the model (it is loaded
+    once, at start), or with `keep_alive: 0` unload it (it stays: other agents use it)."""
+    reason = "unload" if body.get("keep_alive") in (0, "0", "0s", "0m") else "load"
+    content = {"role": "assistant", "content": ""} if key == "message" else ""
+    return web.json_response({"model": model, "created_at": _now(), key: content, "done": True,
+                              "done_reason": reason})
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     backend = backend_of(request)
     body = await read_json(request)
+    if body.get("messages") in (None, []):  # `ollama run` preloads with an empty chat
+        return _load_reply(body, _model(body, backend), "message")
     request_chat = Chat(api="ollama", messages=_messages(body.get("messages")),
                         tools=openai_tools(body.get("tools")),
                         json_schema=_format_schema(body.get("format")), sampling=_sampling(body))
@@ -151,9 +164,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     prompt = get(body, "prompt", str, "")
     model = _model(body, backend)
+    if body.get("images"):
+        raise RequestError("this model reads text only; remove `images`")
     if not prompt:  # Ollama's way to ask for the model to be loaded
-        return web.json_response({"model": model, "created_at": _now(), "response": "",
-                                  "done": True, "done_reason": "load"})
+        return _load_reply(body, model, "response")
     if get(body, "raw", bool, False):
         request_chat = Chat(api="ollama", prompt=prompt, sampling=_sampling(body),
                             json_schema=_format_schema(body.get("format")))

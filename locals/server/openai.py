@@ -26,10 +26,10 @@ _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "loop
 def sampling_of(body: dict, legacy_logprobs: bool = False) -> SamplingParams:
     """Sampling settings shared by chat/completions/responses requests; `legacy_logprobs`:
     /v1/completions, where `logprobs` is the number of alternatives rather than a flag."""
-    max_tokens = (get(body, "max_completion_tokens", int) or get(body, "max_tokens", int)
-                  or get(body, "max_output_tokens", int) or DEFAULT_MAX_TOKENS)
-    if max_tokens < 1:
-        raise RequestError("`max_tokens` must be at least 1")
+    given = [(key, get(body, key, int)) for key in ("max_completion_tokens", "max_tokens", "max_output_tokens")]
+    key, max_tokens = next(((k, v) for k, v in given if v is not None), ("max_tokens", DEFAULT_MAX_TOKENS))
+    if max_tokens < 1:  # 0 is a value, not "absent"
+        raise RequestError(f"`{key}` must be at least 1")
     if legacy_logprobs:
         top_logprobs = get(body, "logprobs", int, None)
         wants_logprobs = top_logprobs is not None

@@ -27,6 +27,9 @@ def snapshot(state: ServerState) -> dict:
     backend = state.backend
     if backend is None:
         return out
+    broken = getattr(backend.engine, "broken", None)
+    if broken:
+        out.update(status="failed", error=broken)
     activity = backend.activity
     stats = backend.stats()
     out.update(
@@ -42,10 +45,12 @@ def snapshot(state: ServerState) -> dict:
 
 async def health(request: web.Request) -> web.Response:
     state = state_of(request)
-    body = {"status": "ok" if state.backend else ("failed" if state.load_error else "loading"),
+    broken = getattr(state.backend.engine, "broken", None) if state.backend else None
+    ok = state.backend is not None and not broken  # a broken engine answers nothing: not healthy
+    body = {"status": "ok" if ok else ("failed" if state.load_error or broken else "loading"),
             "service": SERVICE, "model": state.backend.name if state.backend else state.model,
-            "pid": os.getpid(), "error": state.load_error}
-    return web.json_response(body, status=200 if state.backend else 503)
+            "pid": os.getpid(), "error": state.load_error or broken}
+    return web.json_response(body, status=200 if ok else 503)
 
 
 async def status(request: web.Request) -> web.Response:
