@@ -83,9 +83,10 @@ class ScriptedEngine:
         self.requests.append(request)
         text = self.replies.pop(0) if self.replies else "Hello there."
         sampling = request.sampling
+        matched = None
         for stop in sampling.stop:
             if stop in text:
-                text = text[: text.index(stop)]
+                text, matched = text[: text.index(stop)], stop
         reason, produced = "stop", 0
         try:
             while produced < len(text):
@@ -103,7 +104,8 @@ class ScriptedEngine:
             self.cancelled.append(request.id)
             raise
         self.finished += 1
-        yield FinishEvent(request.id, reason, Usage(len(request.prompt_tokens), produced, self.cached))
+        detail = {"stop_sequence": matched} if matched and reason == "stop" else {}
+        yield FinishEvent(request.id, reason, Usage(len(request.prompt_tokens), produced, self.cached), None, detail)
 
 
 def make_state(engine, *, constraints=None, **settings):

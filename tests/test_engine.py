@@ -234,7 +234,7 @@ def test_smollm2_stop_string_held_back_and_batched(smollm2):
         assert "4" in full
         stop = full[full.index("4") - 1 : full.index("4") + 1]  # e.g. "\n4" or " 4"
         tokens, text, fin = run_alone(eng, prompt, max_tokens=40, stop=[stop, "never-appears"])
-        assert fin.reason == "stop"
+        assert fin.reason == "stop" and fin.detail == {"stop_sequence": stop}
         assert text == full[: full.index(stop)]
         c = Collector()
         a = c.submit(eng, GenerationRequest(prompt, SamplingParams(max_tokens=40, stop=[stop])))

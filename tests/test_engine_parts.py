@@ -29,6 +29,12 @@ def test_stop_text_holds_back_possible_start_and_drops_stop():
     assert st.flush() == ""
 
 
+def test_stop_text_names_the_string_that_matched_first():
+    st = StopText(["END", "xy"])
+    assert st.feed("abxy and END") == "ab" and st.hit and st.matched == "xy"
+    assert StopText(["END"]).matched is None
+
+
 def test_stop_text_flushes_held_text_without_match():
     st = StopText(["STOP"])
     assert st.feed("abc ST") == "abc "

@@ -79,6 +79,16 @@ async def test_claude_code_stream_with_tool_use(client, engine, constraints):
     assert "system: You are Claude Code, Anthropic's official CLI for Claude.Work in /p." in prompt
 
 
+async def test_a_stop_sequence_is_named(client, engine):
+    engine.replies = ["Hello there.", "Hello there."]
+    body = {"max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], "stop_sequences": [" there"]}
+    data = await (await client.post("/v1/messages", json=body)).json()
+    assert data["content"][0]["text"] == "Hello"
+    assert data["stop_reason"] == "stop_sequence" and data["stop_sequence"] == " there"
+    text = await (await client.post("/v1/messages", json={**body, "stream": True})).text()
+    assert '"stop_reason": "stop_sequence", "stop_sequence": " there"' in text
+
+
 async def test_tool_result_round_trip(client, engine):
     engine.replies = ["Two files."]
     messages = [

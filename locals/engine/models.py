@@ -147,8 +147,8 @@ def _load_mlx_folder(path: Path, backend: backend_mod.Backend):
     try:
         model, tokenizer, config = mlx_load(str(path), return_config=True)
     except (FileNotFoundError, ValueError, KeyError, OSError, RuntimeError) as exc:  # a folder mlx-lm cannot read
-        raise UnsupportedModel(f"{path} is not a model folder locals can load ({exc}); pass an MLX model "
-                               "folder (config.json, *.safetensors, tokenizer files), a GGUF file or an alias") from None
+        raise UnsupportedModel(f"{path} is not a model folder locals can load ({exc}); pass an MLX model folder "
+                               "(config.json, *.safetensors, tokenizer files), a GGUF file or an alias") from None
     if backend.dense_weights:
         _dequantize_in_place(model)
     ctx = config.get("max_position_embeddings") or config.get("text_config", {}).get(

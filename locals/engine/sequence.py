@@ -230,4 +230,5 @@ class Sequence:
             return
         self.finished = True
         self.finish_reason = reason
-        self.sink(FinishEvent(self.id, reason, self.usage(), error))
+        detail = {"stop_sequence": self.stop_text.matched} if self.stop_text.matched else {}
+        self.sink(FinishEvent(self.id, reason, self.usage(), error, detail))

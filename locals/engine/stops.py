@@ -15,6 +15,7 @@ class StopText:
         self.text = ""
         self.emitted = 0
         self.hit = False
+        self.matched: str | None = None  # the stop string that ended the text, once `hit`
 
     def feed(self, segment: str) -> str:
         """Add newly decoded text; return the text that can be streamed now.
@@ -25,10 +26,11 @@ class StopText:
         if not self.stops:
             return self._emit_to(len(self.text))
         start = max(0, self.emitted - self.longest + 1)
-        found = [i for i in (self.text.find(s, start) for s in self.stops) if i >= 0]
+        found = [(i, s) for i, s in ((self.text.find(s, start), s) for s in self.stops) if i >= 0]
         if found:
             self.hit = True
-            return self._emit_to(max(min(found), self.emitted))
+            at, self.matched = min(found, key=lambda f: f[0])
+            return self._emit_to(max(at, self.emitted))
         return self._emit_to(len(self.text) - self._held_back())
 
     def flush(self) -> str:

@@ -163,9 +163,15 @@ async def messages(request: web.Request) -> web.StreamResponse:
     content = ([{"type": "text", "text": result.text}] if result.text else [])
     content += [_tool_block(c) for c in result.calls]
     return web.json_response({"id": msg_id, "type": "message", "role": "assistant", "model": model,
-                              "content": content, "stop_reason": _STOP.get(result.done.reason, "end_turn"),
-                              "stop_sequence": None, "usage": _usage(result.done.usage),
+                              "content": content, **_stop_fields(result.done), "usage": _usage(result.done.usage),
                               **guard_detail(result.done)})
+
+
+def _stop_fields(done: Done) -> dict:
+    """`stop_reason` and `stop_sequence`: "stop_sequence" with the string when one of the request's ended it."""
+    if done.reason == "stop" and done.stop_sequence:
+        return {"stop_reason": "stop_sequence", "stop_sequence": done.stop_sequence}
+    return {"stop_reason": _STOP.get(done.reason, "end_turn"), "stop_sequence": None}
 
 
 async def _stream(request: web.Request, outputs, msg_id: str, model: str,
@@ -201,8 +207,7 @@ async def _stream(request: web.Request, outputs, msg_id: str, model: str,
             if out.reason == "error":
                 await send("error", error={"type": "api_error", "message": out.error or "generation failed"})
             else:
-                await send("message_delta", delta={"stop_reason": _STOP.get(out.reason, "end_turn"),
-                                                   "stop_sequence": None}, usage=_usage(out.usage),
+                await send("message_delta", delta=_stop_fields(out), usage=_usage(out.usage),
                            **guard_detail(out))
                 await send("message_stop")
     return await stream.close()

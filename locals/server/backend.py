@@ -55,6 +55,7 @@ class Done:
     usage: Usage
     error: str | None = None
     prompt_s: float = 0.0  # from the request reaching the engine to its first token
+    stop_sequence: str | None = None  # the request's stop string that ended the reply
 
 
 Output = Text | ToolCall | Done
@@ -184,7 +185,7 @@ class Backend:
                         if finish == "stop" and splitter.calls:
                             finish = "tool_calls"
                         prompt_s = (first_at or time.perf_counter()) - submitted
-                        yield Done(finish, usage, event.error, prompt_s)
+                        yield Done(finish, usage, event.error, prompt_s, event.detail.get("stop_sequence"))
                         return
                     first_at = first_at or time.perf_counter()
                     self.activity.first_token(record)
