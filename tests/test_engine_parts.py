@@ -35,6 +35,19 @@ def test_stop_text_names_the_string_that_matched_first():
     assert StopText(["END"]).matched is None
 
 
+def test_a_continuation_keeps_its_first_leading_space(smollm2):
+    from locals.engine.tokenizer import continuation_detokenizer
+
+    tokens = smollm2.tokenizer.encode(" Paris is big", add_special_tokens=False)
+    texts = []
+    for detok in (smollm2.tokenizer.detokenizer, continuation_detokenizer(smollm2.tokenizer)):
+        for t in tokens:
+            detok.add_token(t)
+        detok.finalize()
+        texts.append(detok.text)
+    assert texts == ["Paris is big", " Paris is big"]  # a chat reply drops it; a completion keeps it
+
+
 def test_stop_text_flushes_held_text_without_match():
     st = StopText(["STOP"])
     assert st.feed("abc ST") == "abc "

@@ -143,6 +143,7 @@ async def test_completions_plain_and_streamed(client, engine):
     data = await resp.json()
     assert data["object"] == "text_completion" and data["choices"][0]["text"] == "and so on"
     assert "".join(chr(t) for t in engine.requests[0].prompt_tokens) == "Once upon"
+    assert engine.requests[0].meta["raw"]  # continued as is: the engine keeps a leading space
     resp = await client.post("/v1/completions", json={"prompt": ["Once"], "stream": True})
     events = sse_events(await resp.text())
     assert events[-1][1] == "[DONE]"

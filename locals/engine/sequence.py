@@ -19,6 +19,7 @@ from locals.engine.kv import RowKV
 from locals.engine.lookup import DraftPolicy, Speculation
 from locals.engine.rowfeed import RowOf
 from locals.engine.stops import StopText
+from locals.engine.tokenizer import continuation_detokenizer
 from locals.protocol import Event, FinishEvent, GenerationRequest, TokenEvent, TokenLogprob, Usage
 
 
@@ -42,7 +43,8 @@ class Sequence:
         self.sampled_since_forced = 0
         self.guards = guards
         self.stop_ids = set(tokenizer.eos_token_ids) | set(request.sampling.stop_token_ids)
-        self.detok = tokenizer.detokenizer
+        # A raw prompt is continued: its first token's leading space is part of the text.
+        self.detok = continuation_detokenizer(tokenizer) if request.meta.get("raw") else tokenizer.detokenizer
         self.stop_text = StopText(request.sampling.stop)
         self.cache_points = sorted(p for p in request.cache_points if 0 < p <= len(self.prompt))
         seed = request.sampling.seed

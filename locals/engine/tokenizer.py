@@ -65,3 +65,17 @@ def build_tokenizer(meta: dict) -> TokenizerWrapper:
         clean_up_tokenization_spaces=False,
     )
     return TokenizerWrapper(hf, detokenizer_class=BPEStreamingDetokenizer)
+
+
+def continuation_detokenizer(tokenizer):
+    """A streaming detokenizer that keeps the first token's leading space.
+
+    mlx-lm's detokenizers drop it (a chat reply starts after the assistant header, where it
+    is noise); a raw completion continues its prompt, where " Paris" after "is" is the text.
+    """
+    detok = tokenizer.detokenizer
+    if hasattr(detok, "trim_space"):  # SentencePiece's
+        detok.trim_space = False
+    elif hasattr(detok, "_maybe_trim_space"):  # byte-level BPE's: trims only while its text is empty
+        detok._maybe_trim_space = lambda text: text
+    return detok

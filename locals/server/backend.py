@@ -153,7 +153,7 @@ class Backend:
                 json_schema=chat.json_schema, parallel_tool_calls=chat.parallel_tool_calls,
                 max_tokens=sampling.max_tokens)
         return GenerationRequest(prompt_tokens=tokens, sampling=sampling, constraint=constraint,
-                                 cache_points=points, meta={"api": chat.api})
+                                 cache_points=points, meta={"api": chat.api, "raw": chat.prompt is not None})
 
     async def run(self, chat: Chat) -> AsyncIterator[Output]:
         """Stream a chat's outputs; closing the iterator early cancels it in the engine."""
