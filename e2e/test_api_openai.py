@@ -81,8 +81,9 @@ def test_json_schema_response_format(client):
 def test_completions_and_models(client):
     reply = client.completions.create(model="m", prompt="The capital of France is", max_tokens=8, temperature=0)
     assert reply.choices[0].text and reply.usage.completion_tokens > 0
+    assert reply.choices[0].text.startswith(" ")  # " Paris": the continuation keeps its leading space
     ids = [m.id for m in client.models.list().data]
-    assert "locals/smollm2" in ids
+    assert "locals/smollm2" in ids and client.models.retrieve("locals/smollm2").id == "locals/smollm2"
 
 
 def test_responses_streaming(client):

@@ -151,10 +151,26 @@ async def test_completions_plain_and_streamed(client, engine):
     assert text == "streamed text"
 
 
+async def test_a_failed_generation_is_an_error_in_every_stream(client, engine):
+    async def fails(request):
+        from locals.protocol import FinishEvent, Usage
+        yield FinishEvent(request.id, "error", Usage(len(request.prompt_tokens)), error="the engine failed (a bug)")
+
+    engine.stream = fails
+    for path, body in (("/v1/completions", {"prompt": "Once", "stream": True}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True})):
+        events = sse_events(await (await client.post(path, json=body)).text())
+        errors = [json.loads(d)["error"] for _, d in events if d != "[DONE]" and "error" in json.loads(d)]
+        assert errors and "a bug" in errors[0]["message"], (path, events)
+        assert not any('"finish_reason": "stop"' in d for _, d in events)
+
+
 async def test_models_lists_the_loaded_model(client):
     data = await (await client.get("/v1/models")).json()
     ids = [m["id"] for m in data["data"]]
     assert ids[:2] == ["locals/fake", "fake"] and data["object"] == "list"
+    one = await (await client.get("/v1/models/locals/fake")).json()
+    assert one["id"] == "locals/fake" and one["object"] == "model"
 
 
 @pytest.mark.parametrize("body, needle", [
@@ -164,6 +180,7 @@ async def test_models_lists_the_loaded_model(client):
     ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "`temperature`"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "`n`"),
     ({"messages": [{"role": "user", "content": "x"}], "top_p": 5}, "`top_p`"),
+    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "no `tools`"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}],
       "tool_choice": {"type": "function", "function": "f"}}, "tool_choice"),
     ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [
@@ -190,7 +207,8 @@ async def test_bad_json_and_unknown_route(client):
     resp = await client.get("/v1/nothing-here")
     assert resp.status == 404 and "no such endpoint" in (await resp.json())["error"]["message"]
     resp = await client.get("/v1/chat/completions")
-    assert resp.status == 405 and "error" in await resp.json()
+    assert resp.status == 405 and (await resp.json())["error"]["type"] == "invalid_request_error"
+    assert "POST" in resp.headers["Allow"]
 
 
 async def test_a_request_that_can_never_fit_is_a_413(client, engine):

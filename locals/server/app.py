@@ -32,7 +32,10 @@ async def json_errors(request: web.Request, handler):
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(api, exc.status, _http_message(request, exc))
+        response = error_response(api, exc.status, _http_message(request, exc))
+        if "Allow" in exc.headers:  # a 405 says which methods the path takes
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception as exc:

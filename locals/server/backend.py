@@ -132,6 +132,8 @@ class Backend:
         problem = chat.sampling.problem()
         if problem:
             raise RequestError(problem)
+        if chat.tool_choice not in ("auto", "none") and not chat.tools:
+            raise RequestError("`tool_choice` asks for a tool call but the request offers no `tools`")
         points: list[int] = []
         if chat.prompt is not None:
             tokens = list(self.loaded.tokenizer.encode(chat.prompt))

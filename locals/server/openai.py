@@ -159,6 +159,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 if isinstance(out, Text) and out.text:
                     await stream.send({**meta, "choices": [{"index": 0, "text": out.text,
                                                             "logprobs": None, "finish_reason": None}]})
+                elif isinstance(out, Done) and out.reason == "error":  # as the chat stream reports it
+                    await stream.send({"error": {"message": out.error or "generation failed",
+                                                 "type": "server_error", "param": None, "code": None}})
                 elif isinstance(out, Done):
                     await stream.send({**meta, "usage": usage_json(out.usage), "choices": [{
                         "index": 0, "text": "", "logprobs": None,
@@ -189,8 +192,16 @@ async def models(request: web.Request) -> web.Response:
         {"id": n, "object": "model", "created": created, "owned_by": "locals"} for n in names]})
 
 
+async def model(request: web.Request) -> web.Response:
+    """`GET /v1/models/{id}`: any name is served by the loaded model (requests ignore it), so any is found."""
+    backend = backend_of(request)
+    return web.json_response({"id": request.match_info["model"], "object": "model",
+                              "created": int(backend.activity.started), "owned_by": "locals"})
+
+
 def register(app: web.Application) -> None:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)

@@ -85,9 +85,9 @@ def error_body(api: str, status: int, message: str) -> dict[str, Any]:
     if api == "ollama":
         return {"error": message}
     if api == "anthropic":
-        kind = _ANTHROPIC_TYPES.get(status, "api_error")
+        kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
-    kind = _OPENAI_TYPES.get(status, "server_error")
+    kind = _OPENAI_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
