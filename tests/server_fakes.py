@@ -39,12 +39,14 @@ class FakeLoaded:
     tokenizer = CharTokenizer()
 
 
-def render(loaded, messages, tools=None, add_generation_prompt=True):
-    """A plain transcript, tools first, so tests can see what reached the prompt."""
+def render(loaded, messages, tools=None, add_generation_prompt=True, continue_final=False):
+    """A plain transcript, tools first, so tests can see what reached the prompt; `continue_final`
+    leaves the last message open."""
     head = f"tools: {json.dumps(tools)}\n" if tools else ""
-    return head + "".join(f"{m['role']}: {m.get('content') or ''}"
+    text = head + "".join(f"{m['role']}: {m.get('content') or ''}"
                           f"{json.dumps(m['tool_calls']) if m.get('tool_calls') else ''}\n"
-                          for m in messages) + "assistant:"
+                          for m in messages)
+    return text[:-1] if continue_final else text + "assistant:"
 
 
 class Constraints:

@@ -151,3 +151,20 @@ async def test_system_role_inside_messages_is_folded_into_the_system_prompt():
         assert prompt.startswith("system: You are Claude Code.\n\ncwd: /tmp/p\nuser: hi")
     finally:
         await client.close()
+
+
+async def test_an_assistant_prefill_is_continued(client, engine):
+    body = {"max_tokens": 10, "messages": [{"role": "user", "content": "Capital of France? JSON."},
+                                           {"role": "assistant", "content": '{"capital": "'}]}
+    await client.post("/v1/messages", json=body)
+    request = engine.requests[-1]
+    prompt = "".join(chr(t) for t in request.prompt_tokens)
+    assert prompt.endswith('assistant: {"capital": "') and request.meta["raw"]  # left open, not a new turn
+
+
+def test_a_prefill_renders_open_on_the_embedded_model(smollm2):
+    from locals.engine.templates import render_prompt
+
+    messages = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "The capital is"}]
+    assert render_prompt(smollm2, messages, continue_final=True).endswith("The capital is")
+    assert not render_prompt(smollm2, messages).endswith("The capital is")

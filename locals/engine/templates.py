@@ -114,10 +114,14 @@ def _parsed_arguments(call: dict) -> dict:
 
 
 def render_prompt(loaded, messages: list[dict], tools: list[dict] | None = None,
-                  add_generation_prompt: bool = True) -> str:
-    """The prompt text for `messages` (OpenAI-shaped) and `tools` on this model."""
+                  add_generation_prompt: bool = True, continue_final: bool = False) -> str:
+    """The prompt text for `messages` (OpenAI-shaped) and `tools` on this model; `continue_final`:
+    the last (assistant) message left open for the reply to continue (a prefill)."""
     tokenizer = loaded.tokenizer
-    kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt, "tokenize": False}
+    kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt and not continue_final,
+                              "tokenize": False}
+    if continue_final:
+        kwargs["continue_final_message"] = True
     if loaded.thinking:
         kwargs["enable_thinking"] = True
     if loaded.tools_in_template:

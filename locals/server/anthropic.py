@@ -129,6 +129,12 @@ def tool_choice_of(value: Any) -> Any:
     raise RequestError("`tool_choice.type` must be auto, any, tool (with a name) or none")
 
 
+def _prefill(messages: list[dict]) -> bool:
+    """Whether the conversation ends in the assistant's own words, which the reply continues."""
+    last = messages[-1] if messages else {}
+    return last.get("role") == "assistant" and bool(last.get("content")) and not last.get("tool_calls")
+
+
 def _usage(usage: Usage) -> dict:
     return {"input_tokens": usage.prompt_tokens - usage.cached_tokens,
             "cache_read_input_tokens": usage.cached_tokens, "cache_creation_input_tokens": 0,
@@ -146,8 +152,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
     max_tokens = get(body, "max_tokens", int, DEFAULT_MAX_TOKENS)
     if max_tokens < 1:
         raise RequestError("`max_tokens` must be at least 1")
-    chat = Chat(api="anthropic", messages=chat_messages(body), tools=chat_tools(body.get("tools")),
-                tool_choice=tool_choice_of(body.get("tool_choice")),
+    converted = chat_messages(body)
+    chat = Chat(api="anthropic", messages=converted, tools=chat_tools(body.get("tools")),
+                continue_final=_prefill(converted), tool_choice=tool_choice_of(body.get("tool_choice")),
                 parallel_tool_calls=not (body.get("tool_choice") or {}).get("disable_parallel_tool_use", False),
                 sampling=SamplingParams(
                     temperature=get(body, "temperature", float, 1.0),
@@ -216,8 +223,8 @@ async def _stream(request: web.Request, outputs, msg_id: str, model: str,
 async def count_tokens(request: web.Request) -> web.Response:
     backend = backend_of(request)
     body = await read_json(request)
-    tokens = await asyncio.to_thread(backend.encode_chat, chat_messages(body),
-                                     chat_tools(body.get("tools")))
+    converted = chat_messages(body)
+    tokens = await asyncio.to_thread(backend.encode_chat, converted, chat_tools(body.get("tools")), _prefill(converted))
     return web.json_response({"input_tokens": len(tokens)})
 
 

@@ -37,6 +37,7 @@ class Chat:
     parallel_tool_calls: bool = True
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompt_tokens: int = 0  # set once prepared (Anthropic's message_start reports it)
+    continue_final: bool = False  # the last message is the assistant's start (a prefill): continue it
 
     @property
     def parses_tools(self) -> bool:
@@ -114,7 +115,14 @@ class Backend:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
-    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: list[dict] | None = None,
+                    continue_final: bool = False) -> list[int]:
+        if continue_final:
+            try:
+                text = self._render(self.loaded, messages, tools=tools or None, continue_final=True)
+                return list(self.loaded.tokenizer.encode(text, add_special_tokens=False))
+            except Exception:  # a template that cannot leave its last message open: a new turn
+                log.info("the chat template cannot continue a prefill; the reply starts a new turn")
         try:
             text = self._render(self.loaded, messages, tools=tools or None,
                                 add_generation_prompt=True)
@@ -138,7 +146,7 @@ class Backend:
         if chat.prompt is not None:
             tokens = list(self.loaded.tokenizer.encode(chat.prompt))
         else:
-            tokens = self.encode_chat(chat.messages or [], chat.tools)
+            tokens = self.encode_chat(chat.messages or [], chat.tools, chat.continue_final)
             points = self._boundaries(self.loaded, chat.messages or [], chat.tools, tokens)
         sampling = chat.sampling
         if self.context_length:
@@ -155,7 +163,8 @@ class Backend:
                 json_schema=chat.json_schema, parallel_tool_calls=chat.parallel_tool_calls,
                 max_tokens=sampling.max_tokens)
         return GenerationRequest(prompt_tokens=tokens, sampling=sampling, constraint=constraint,
-                                 cache_points=points, meta={"api": chat.api, "raw": chat.prompt is not None})
+                                 cache_points=points,
+                                 meta={"api": chat.api, "raw": chat.prompt is not None or chat.continue_final})
 
     async def run(self, chat: Chat) -> AsyncIterator[Output]:
         """Stream a chat's outputs; closing the iterator early cancels it in the engine."""
