@@ -37,7 +37,7 @@ def run(
     server: Optional[str] = typer.Option(None, "--server", help="Any OpenAI-compatible base URL instead of the locals daemon."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to start (or to name to --server)."),
     port: Optional[int] = typer.Option(None, "--port", min=1, max=65535,
-                                           help="Port of the locals daemon (default: the last one, else 8321)."),
+                                       help="Port of the locals daemon (default: the last one, else 8321)."),
     keep: bool = typer.Option(False, "--keep", help="Keep the worktrees afterwards (their path is printed)."),
     no_sandbox: bool = typer.Option(False, "--no-sandbox", help="Run the agents' commands unconfined."),
     network: bool = typer.Option(False, "--network", help="Let the agents' commands and the check use the network."),
