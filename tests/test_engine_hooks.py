@@ -3,6 +3,8 @@ closing tokens, a failing constraint, guards, admission, prefix reuse, the async
 
 from __future__ import annotations
 
+import json
+
 import asyncio
 
 import mlx.core as mx
@@ -193,6 +195,29 @@ def test_guard_ends_request_with_its_reason(tiny_llama):
         fin = run_alone_with(eng, GenerationRequest([1, 2, 3], SamplingParams(max_tokens=20), meta={"guard": 1}))
         assert fin.reason == "loop" and fin.usage.completion_tokens == 4
         assert run_alone_with(eng, GenerationRequest([1, 2, 3], SamplingParams(max_tokens=20))).reason == "length"
+    finally:
+        eng.stop()
+
+
+def test_a_guard_stopping_inside_a_constrained_value_closes_it(tiny_llama):
+    from locals.engine import build_constraint
+
+    class StopAfter:
+        def on_token(self, token, output):
+            return "loop" if len(output) >= 4 else None  # after {"note": — the value still open
+
+    schema = {"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}
+    eng = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0), guards=[lambda req: StopAfter()])
+    eng.start()
+    try:
+        c = Collector()
+        rid = c.submit(eng, GenerationRequest([1, 2, 3], SamplingParams(max_tokens=200, temperature=1.0, seed=3),
+                                              constraint=build_constraint(tiny_llama, json_schema=schema)))
+        c.wait()
+        assert c.finish(rid).reason == "loop", c.text(rid)
+        assert isinstance(json.loads(c.text(rid))["note"], str), repr(c.text(rid))  # cut by the guard, closed by the constraint
+        tokens = c.tokens(rid)
+        assert len(tokens) > 4 and c.finish(rid).usage.completion_tokens == len(tokens)  # the closing counts
     finally:
         eng.stop()
 

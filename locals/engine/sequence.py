@@ -167,11 +167,14 @@ class Sequence:
         for guard in self.guards:
             reason = guard.on_token(token, self.generated)
             if reason:
+                if self.constraint is not None:
+                    # Stopped inside a constrained output (a tool call, a JSON reply): keep the token
+                    # the constraint took and close what is open, so the output still parses.
+                    self._emit(token, logprob, forced)
+                    self._append_closing(self.constraint.closing_tokens())
                 self._finish_text(reason)
                 return True
-        self.detok.add_token(token)
-        text = self.stop_text.feed(self.detok.last_segment)
-        self.sink(TokenEvent(self.id, [token], text, [logprob] if logprob else None, forced))
+        self._emit(token, logprob, forced)
         if self.stop_text.hit:
             self.finish("stop")
             return True
@@ -179,6 +182,18 @@ class Sequence:
             self._finish_text("length")
             return True
         return False
+
+    def _emit(self, token: int, logprob: TokenLogprob | None, forced: bool) -> None:
+        self.detok.add_token(token)
+        text = self.stop_text.feed(self.detok.last_segment)
+        self.sink(TokenEvent(self.id, [token], text, [logprob] if logprob else None, forced))
+
+    def _append_closing(self, closing: list[int]) -> None:
+        """The constraint's shortest way to a complete output, appended as forced tokens."""
+        for token in closing:
+            self.generated.append(token)
+            self.constraint.accept(token)
+            self._emit(token, None, True)
 
     def _after_constraint_step(self) -> None:
         c = self.constraint
@@ -209,12 +224,7 @@ class Sequence:
         remaining = self.request.sampling.max_tokens - len(self.generated)
         if not closing or remaining > len(closing):
             return False
-        for token in closing:
-            self.generated.append(token)
-            self.constraint.accept(token)
-            self.detok.add_token(token)
-            text = self.stop_text.feed(self.detok.last_segment)
-            self.sink(TokenEvent(self.id, [token], text, None, True))
+        self._append_closing(closing)
         self._finish_text("length")
         return True
 
