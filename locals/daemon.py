@@ -357,6 +357,18 @@ def stop(port: int | None = None, timeout: float = STOP_TIMEOUT_S) -> bool:
     return ours or body is not None
 
 
+def _same_model(asked: str, serving: str) -> bool:
+    """Whether two names (alias, repo id, path) mean the same weights."""
+    if asked == serving:
+        return True
+    from locals.engine.models import resolve
+
+    try:
+        return resolve(asked)[1] == resolve(serving)[1]
+    except LocalsError:
+        return False
+
+
 def ensure_running(model: str | None = None, port: int | None = None) -> str:
     """The base URL of a running server with `model` (None: whichever runs, or the remembered
     one), starting or restarting the daemon as needed and waiting until it serves."""
@@ -365,8 +377,11 @@ def ensure_running(model: str | None = None, port: int | None = None) -> str:
     body = health(port)
     if body is not None and model:
         record = read_record(port)
-        serving = {body.get("model"), record.model if record else None}
-        if model not in serving:
+        serving = {body.get("model"), record.model if record else None} - {None}
+        if not any(_same_model(model, name) for name in serving):
+            from locals.engine.models import fetch_weights
+
+            fetch_weights(model)  # a model that cannot be had fails here, the running server untouched
             stop(port)
             body = None
     if body is None:

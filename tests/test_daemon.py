@@ -124,3 +124,23 @@ def test_start_with_another_model_than_the_running_one_fails(monkeypatch):
     assert plain.exit_code == 0
     other = CliRunner().invoke(app, ["start", "--model", "qwen"])
     assert other.exit_code != 0 and isinstance(other.exception, daemon.AlreadyRunning)
+
+
+def test_asking_for_a_model_that_cannot_be_had_keeps_the_running_server(monkeypatch, tmp_path):
+    from locals.errors import ModelNotFound
+
+    stopped, started = [], []
+    monkeypatch.setattr(daemon, "health", lambda port, host=None: {"status": "ok", "model": "smollm2"})
+    monkeypatch.setattr(daemon, "read_record", lambda port: None)
+    monkeypatch.setattr(daemon, "stop", lambda port: stopped.append(port) or True)
+    monkeypatch.setattr(daemon, "start", lambda model, port: started.append(model) or "http://x")
+    with pytest.raises(ModelNotFound):
+        daemon.ensure_running(str(tmp_path / "missing.gguf"), 18561)
+    assert stopped == [] and started == []  # the working server was left alone
+    # Another name for the same weights is not a change of model.
+    assert daemon.ensure_running("smollm2:135m", 18561) == daemon.base_url(18561)
+    assert stopped == [] and started == []
+    gguf = tmp_path / "other.gguf"
+    gguf.write_bytes(b"GGUF")
+    daemon.ensure_running(str(gguf), 18561)  # on disk: the server restarts with it
+    assert stopped == [18561] and started == [str(gguf)]

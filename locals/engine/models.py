@@ -101,6 +101,16 @@ def resolve(name: str) -> tuple[str, str, bool]:
     )
 
 
+def fetch_weights(name: str) -> str:
+    """Resolve `name` and have its weights on disk (downloading a Hugging Face repo with a
+    progress bar), without loading them; returns the resolved path or repo id. Raises the
+    errors a load would, so a caller can check a model before giving up the one it has."""
+    kind, target, _ = resolve(name)
+    if kind == "hf":
+        _download(target)
+    return target
+
+
 def _download(repo: str) -> Path:
     """The repo's snapshot in the shared HF cache, downloading with a progress bar if needed."""
     from huggingface_hub import snapshot_download
