@@ -95,6 +95,7 @@ async def run_team(options: RunOptions, client: ChatClient, on_event: EventSink 
         report.elapsed_s = round(time.monotonic() - started, 2)
         report.prompt_tokens, report.completion_tokens = team.tokens()
         if options.keep:
+            area.mark_kept()
             report.kept_at = str(area.path)
         else:
             area.cleanup()

@@ -43,6 +43,10 @@ def open_project(directory: Path) -> git.Repo:
         repo.head.commit
     except ValueError:
         raise ProjectError(f"{directory} has no commit yet; run `git add -A && git commit -m start` there first") from None
+    top = Path(repo.working_tree_dir).resolve()
+    if Path(directory).resolve() != top:  # agents and the check work from the top: say so, never guess
+        raise ProjectError(f"{directory} is inside the repository {top}; the agents work on the whole repository "
+                           f"and --check runs at its top: pass --dir {top} (and name paths from there)")
     return repo
 
 
@@ -63,10 +67,16 @@ class RunArea:
         self.project = Path(repo.working_tree_dir)
         self.path = (root or state_dir() / "runs") / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.path.mkdir(parents=True)
-        (self.path / "owner.json").write_text(json.dumps({"pid": os.getpid(), "project": str(self.project)}))
+        self._owner = {"pid": os.getpid(), "project": str(self.project)}
+        (self.path / "owner.json").write_text(json.dumps(self._owner))
         self.excludes = self.path / "excludes"
-        self.excludes.write_text(_EXCLUDES)
+        # core.excludesFile replaces the user's global excludes: carry them over, then ours.
+        self.excludes.write_text(_user_excludes(repo) + "\n" + _EXCLUDES)
         self.worktrees: list[Path] = []
+
+    def mark_kept(self) -> None:
+        """Leave this run's folder for the user (`--keep`): later runs' cleanup skips it."""
+        (self.path / "owner.json").write_text(json.dumps({**self._owner, "kept": True}))
 
     def git(self, cwd: Path) -> git.Git:
         """A git command runner in `cwd` that ignores build caches on top of the user's excludes."""
@@ -166,7 +176,7 @@ def clean_stale_runs(root: Path | None = None) -> int:
             owner = json.loads((folder / "owner.json").read_text())
         except (OSError, ValueError):
             continue
-        if psutil.pid_exists(int(owner.get("pid", 0))):
+        if owner.get("kept") or psutil.pid_exists(int(owner.get("pid", 0))):
             continue
         shutil.rmtree(folder, ignore_errors=True)
         try:
@@ -175,6 +185,18 @@ def clean_stale_runs(root: Path | None = None) -> int:
             pass
         removed += 1
     return removed
+
+
+def _user_excludes(repo: git.Repo) -> str:
+    """The text of the user's global excludes file (core.excludesFile, else git's XDG default), or ""."""
+    try:
+        path = Path(repo.git.config("--get", "core.excludesFile")).expanduser()
+    except git.GitCommandError:
+        path = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "git" / "ignore"
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def _prune(repo: git.Repo) -> None:

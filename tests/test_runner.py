@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
@@ -257,3 +258,44 @@ def test_plans_are_validated_and_dependencies_only_point_back():
     assert [(p.goal, p.files, p.depends_on) for p in two] == [("a", ["a.py"], []), (TASK, [], [0])]
     with pytest.raises(Exception):
         parse_plan(json.dumps({"parts": []}), schema, TASK)
+
+
+async def test_kept_runs_survive_later_runs_cleanup(tmp_path, locals_home):
+    from agents.worktree import clean_stale_runs
+
+    project = make_project(tmp_path)
+    report = await run(FakeOpenAI(coder(good_agents=set())), options(project, max_steps=3, keep=True))
+    kept = Path(report.kept_at)
+    assert kept.is_dir() and list(kept.glob("*.transcript.json"))
+    dead = locals_home / "state" / "runs" / "999999999-dead"  # a run whose process died
+    dead.mkdir()
+    (dead / "owner.json").write_text(json.dumps({"pid": 999999999, "project": str(project)}))
+    assert clean_stale_runs() == 1
+    assert kept.is_dir() and not dead.exists()
+
+
+def test_the_users_global_excludes_stay_in_force_in_worktrees(tmp_path, monkeypatch):
+    from agents.worktree import RunArea, open_project
+
+    project = make_project(tmp_path)
+    ignore = tmp_path / "xdg" / "git" / "ignore"
+    ignore.parent.mkdir(parents=True)
+    ignore.write_text("*.log\n.idea/\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    area = RunArea(open_project(project), root=tmp_path / "runs")
+    (project / "build.log").write_text("x")
+    (project / "__pycache__").mkdir()
+    (project / "__pycache__" / "m.pyc").write_text("x")
+    untracked = area.git(project).ls_files("--others", "--exclude-standard").split()
+    assert untracked == ["scratch.txt"]  # the user's *.log and locals' own caches both ignored
+    area.cleanup()
+
+
+def test_a_subfolder_of_a_repository_is_refused_with_the_top_named(tmp_path):
+    from agents.worktree import ProjectError, open_project
+
+    project = make_project(tmp_path)
+    (project / "sub").mkdir()
+    with pytest.raises(ProjectError, match=f"pass --dir {project.resolve()}"):
+        open_project(project / "sub")
+    assert open_project(project).working_tree_dir == str(project)

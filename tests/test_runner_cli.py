@@ -61,6 +61,14 @@ def test_bad_input_is_refused_with_advice(tmp_path):
     assert "--parts must be" in str(result.exception)
     result = invoke("x", "--dir", str(tmp_path / "project"), "--server", "notaurl")
     assert result.exit_code != 0 and "http://" in str(result.exception)
+    project = str(tmp_path / "project")
+    for check, needle in (("pytset -q", "`pytset` is not a command"), ("  ", "--check is empty"),
+                          ("./run_tests.sh", "`./run_tests.sh` is not a command"), ("'open", "quotes")):
+        result = invoke("x", "--dir", project, "--check", check, "--server", "http://127.0.0.1:9")
+        assert result.exit_code != 0 and needle in str(result.exception), (check, result.exception)
+    from locals.cli.run import _check_runnable
+    for fine in ("python3 -m pytest -q", "CI=1 python3 -m pytest", "cd sub && make test", "test -f README.md"):
+        _check_runnable(fine, tmp_path / "project")
 
 
 def test_ctrl_c_in_a_real_process_cleans_up(tmp_path, locals_home):
@@ -81,13 +89,14 @@ def test_ctrl_c_in_a_real_process_cleans_up(tmp_path, locals_home):
         assert len(worktrees(project)) == 3
         proc.send_signal(signal.SIGINT)
         try:
-            _, err = proc.communicate(timeout=60)
+            out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
             raise AssertionError(f"the run did not stop within 60 s of Ctrl-C; its stderr:\n{err[-3000:]}") from None
     assert proc.returncode == 130, err
-    assert "stopped" in err
+    stopped = json.loads(out)  # --json: JSON on stdout even when stopped
+    assert stopped["ok"] is False and stopped["stopped"] and stopped["message"] in err
     assert len(worktrees(project)) == 1
     assert not list((locals_home / "state" / "runs").iterdir())
     assert (project / "notes.txt").read_text() == "first line\nuncommitted line\n"

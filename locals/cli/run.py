@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
+import shutil
 import signal
 from pathlib import Path
 from typing import Optional
@@ -60,7 +62,10 @@ def run(
     try:
         report = asyncio.run(_main(options, base_url, model if server else None, json_out))
     except (KeyboardInterrupt, asyncio.CancelledError):
-        console_err.print("[yellow]stopped: worktrees removed; unfinished parts left your project as it was[/yellow]")
+        message = "stopped: worktrees removed; unfinished parts left your project as it was"
+        if json_out:  # a script reading --json gets JSON on every exit
+            console.print_json(json.dumps({"ok": False, "stopped": True, "message": message}))
+        console_err.print(f"[yellow]{message}[/yellow]")
         raise typer.Exit(130) from None
     raise typer.Exit(0 if report.ok else 1)
 
@@ -71,7 +76,31 @@ def _preflight(options) -> None:
     from agents.worktree import open_project
 
     open_project(options.directory)
+    if options.check is not None:
+        _check_runnable(options.check, options.directory)
     make_sandbox(options.directory, options.directory, network=options.network, enabled=options.sandbox)
+
+
+# Words a shell runs itself: a check may start with them without a program on PATH.
+_SHELL_WORDS = {"cd", "test", "[", "true", "false", "exit", "export", "set", "source", ".", "eval", "exec",
+                "if", "for", "while", "(", "{", "!", "time", "command", "env"}
+
+
+def _check_runnable(check: str, directory: Path) -> None:
+    """Refuse an empty --check, or one whose program is not here, before any agent starts."""
+    if not check.strip():
+        raise LocalsError("--check is empty: give the command that must pass (e.g. 'python3 -m pytest -q'), "
+                          "or leave --check out to ask a question about the code")
+    try:
+        first = next((w for w in shlex.split(check) if "=" not in w), "")  # skip VAR=value prefixes
+    except ValueError:
+        raise LocalsError(f"--check {check!r}: its quotes do not close") from None
+    if not first or first in _SHELL_WORDS or any(c in first for c in "$`;&|<>"):
+        return
+    found = (directory / first).exists() if "/" in first else shutil.which(first) is not None
+    if not found:
+        raise LocalsError(f"--check: `{first}` is not a command here (not on PATH, nor a file in {directory}); "
+                          "fix the name or give its path")
 
 
 def _start_daemon(model: str | None, port: int | None) -> str:
