@@ -67,15 +67,17 @@ class LiveDisplay:
         items = [] if self.parts else [Text("planning…", style="dim")]
         if self.note:
             items.append(Text(self.note, style="yellow"))
-        table = Table(box=None, pad_edge=False, header_style="bold")
+        # One line a row at any width: the two text columns share what is left, cut with an ellipsis.
+        table = Table(box=None, pad_edge=False, header_style="bold", expand=True)
         for name in ("part", "agent", "step", "last action", "check", "tokens"):
-            table.add_column(name, no_wrap=name != "last action", overflow="ellipsis")
+            ratio = {"last action": 3, "check": 2}.get(name)
+            table.add_column(name, no_wrap=True, overflow="ellipsis", ratio=ratio, min_width=5 if ratio else None)
         for (part, agent), row in sorted(self.rows.items()):
             style = _STATUS_STYLE.get(row.status, "")
             status = self.part_status.get(part, "")
             table.add_row(
                 f"{part + 1}" + (f" {status}" if status else ""), f"{agent + 1}", f"{row.step}/{self.max_steps}",
-                Text(row.action, style=style), row.check[:50], f"{row.tokens:,}",
+                Text(row.action, style=style), row.check, f"{row.tokens:,}",
             )
         if self.parts and len(self.parts) > 1:
             items.append(Text("\n".join(f"part {p.index + 1}: {p.goal}" for p in self.parts), style="dim"))

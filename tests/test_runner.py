@@ -299,3 +299,21 @@ def test_a_subfolder_of_a_repository_is_refused_with_the_top_named(tmp_path):
     with pytest.raises(ProjectError, match=f"pass --dir {project.resolve()}"):
         open_project(project / "sub")
     assert open_project(project).working_tree_dir == str(project)
+
+
+def test_the_live_table_keeps_one_line_a_row_in_80_columns():
+    import io
+
+    from rich.console import Console
+
+    from agents.display import LiveDisplay
+    from agents.events import AgentStep, CheckDone
+
+    display = LiveDisplay(Console(file=io.StringIO(), width=80), max_steps=12)
+    display(AgentStep(0, 0, 3, "write_file wordcount.py (" + "a long description " * 5 + ")", 1234))
+    display(CheckDone(0, 0, False, "no file has been changed yet: write the code, then call finish " * 2))
+    out = Console(file=io.StringIO(), width=80, record=True)
+    out.print(display.render())
+    lines = [line for line in out.export_text().splitlines() if line.strip() and line != "planning…"]
+    assert len(lines) == 2 and "last action" in lines[0] and "check" in lines[0] and "tokens" in lines[0]
+    assert "write_file" in lines[1] and "fail" in lines[1] and "1,234" in lines[1]
