@@ -30,6 +30,8 @@ async def test_health_status_and_metrics_follow_requests():
         assert 'locals_up{model="fake"} 1' in text
         assert 'locals_http_requests_total{api="openai",finish="stop"} 1' in text
         assert "# TYPE locals_generated_tokens_total counter" in text
+        from locals.server.metrics import _number
+        assert _number(1234567) == "1234567" and _number(0.25) == "0.25"  # counters keep every digit
         page = await (await client.get("/dashboard")).text()
         assert 'id="requests-total"' in page and "/v1/locals/status" in page
         assert not re.search(r"""(src|href)=["']?(https?:)?//|@import|https?://""", page)  # no CDN

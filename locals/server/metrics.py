@@ -30,12 +30,18 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _number(value: float) -> str:
+    """A sample value in full: counters past a million keep every digit (`:g` would round them)."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
 def render(snap: dict) -> str:
     lines = []
 
     def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
         lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
-        lines.extend(f"{name}{labels} {float(value):g}" for labels, value in samples)
+        lines.extend(f"{name}{labels} {_number(value)}" for labels, value in samples)
 
     model = f'{{model="{_escape(str(snap["model"]))}"}}'
     metric("locals_up", "gauge", "1 when the model is loaded and serving",
