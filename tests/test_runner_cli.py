@@ -67,7 +67,8 @@ def test_bad_input_is_refused_with_advice(tmp_path):
         result = invoke("x", "--dir", project, "--check", check, "--server", "http://127.0.0.1:9")
         assert result.exit_code != 0 and needle in str(result.exception), (check, result.exception)
     from locals.cli.run import _check_runnable
-    for fine in ("python3 -m pytest -q", "CI=1 python3 -m pytest", "cd sub && make test", "test -f README.md"):
+    for fine in ("python3 -m pytest -q", "CI=1 python3 -m pytest", "cd sub && make test", "test -f README.md",
+                 f"{sys.executable} -m pytest", "./README.md"):
         _check_runnable(fine, tmp_path / "project")
 
 

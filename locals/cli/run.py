@@ -97,7 +97,7 @@ def _check_runnable(check: str, directory: Path) -> None:
         raise LocalsError(f"--check {check!r}: its quotes do not close") from None
     if not first or first in _SHELL_WORDS or any(c in first for c in "$`;&|<>"):
         return
-    found = (directory / first).exists() if "/" in first else shutil.which(first) is not None
+    found = (directory / Path(first).expanduser()).exists() if "/" in first else shutil.which(first) is not None
     if not found:
         raise LocalsError(f"--check: `{first}` is not a command here (not on PATH, nor a file in {directory}); "
                           "fix the name or give its path")
