@@ -95,13 +95,14 @@ async def test_launch_editor_prints_the_settings(server, monkeypatch):
 
 def test_launch_list_shows_every_tool(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("COLUMNS", "80")  # piped, the table still shows install commands whole
     result = _invoke("launch", "list")
     assert result.exit_code == 0
     for name in ("opencode", "claude", "cline", "kilo", "aider", "openhands", "hermes", "openclaw",
                  "codex", "ollama", "editor"):
         assert name in result.output
     assert "not installed" in result.output and "npm install -g opencode-ai" in result.output
+    assert "npm install -g @anthropic-ai/claude-code" in result.output
 
 
 def test_launch_of_a_missing_tool_says_how_to_install(monkeypatch, tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from locals.cli.common import console, console_err
@@ -100,11 +101,12 @@ def list_tools() -> None:
         found = list(pool.map(lambda t: t.detect(), tools))
     table = Table(title="Tools for `locals launch TOOL`")
     for column in ("Tool", "Name", "Status", "API", "Install"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column in ("Tool", "Install"))  # names and commands stay whole
     for tool, detection in zip(tools, found):
         table.add_row(tool.name, tool.title, _status(tool, detection),
                       tool.api if tool.launches else "-", tool.install or "-")
-    console.print(table)
+    # Piped, the table is not cut to 80 columns: install commands stay whole, to copy.
+    (console if console.is_terminal else Console(width=max(console.width, 160))).print(table)
 
 
 def register(app: typer.Typer) -> None:
