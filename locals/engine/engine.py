@@ -126,7 +126,7 @@ class Engine:
         self._waiting: deque[tuple[GenerationRequest, Sink, float]] = deque()
         self._active: list[Sequence] = []
         self._thread: threading.Thread | None = None
-        self._broken: str | None = None
+        self.broken: str | None = None  # why the engine thread ended on its own (a bug); None while it runs
         self._submit_lock = threading.Lock()
         self._stopping = threading.Event()
         self._kv_bytes = 0
@@ -175,19 +175,14 @@ class Engine:
         self._active.clear()
         self._waiting.clear()
 
-    @property
-    def broken(self) -> str | None:
-        """Why the engine thread ended on its own (a bug), or None while it runs or was stopped."""
-        return self._broken
-
     def submit(self, request: GenerationRequest, sink: Sink) -> None:
         """Queue `request`; `sink` is called on the engine thread with its events (at once,
         with an error, when the engine is broken: nothing would ever answer it)."""
         with self._submit_lock:  # either queued before the engine broke (and answered), or answered here
-            if not self._broken:
+            if not self.broken:
                 self._inbox.put(("submit", request, _safe(sink, request.id), time.perf_counter()))
                 return
-        _safe(sink, request.id)(FinishEvent(request.id, "error", Usage(len(request.prompt_tokens)), self._broken))
+        _safe(sink, request.id)(FinishEvent(request.id, "error", Usage(len(request.prompt_tokens)), self.broken))
 
     def cancel(self, request_id: str) -> None:
         """End a request at the next step (FinishEvent reason "cancelled"), freeing its slot and KV."""
@@ -268,9 +263,9 @@ class Engine:
         except Exception as exc:  # a bug: answer everyone and say so rather than leave them waiting
             log.exception("engine thread failed")
             with self._submit_lock:
-                self._broken = f"the engine failed ({type(exc).__name__}: {exc}); restart locals (`locals stop`)"
+                self.broken = f"the engine failed ({type(exc).__name__}: {exc}); restart locals (`locals stop`)"
             self._drain(block=False)
-            self._end_all("error", self._broken)
+            self._end_all("error", self.broken)
 
     def _loop(self) -> None:
         # MLX streams belong to the thread that creates them: make ours here.
