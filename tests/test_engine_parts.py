@@ -155,7 +155,7 @@ def test_sampling_params_name_the_value_out_of_range():
     assert "temperature" in SamplingParams(temperature=-1).problem()
     assert "top_p" in SamplingParams(top_p=1.5).problem()
     assert "top_p" in SamplingParams(top_p=float("nan")).problem()
-    assert "top_k" in SamplingParams(top_k=-3).problem()
+    assert SamplingParams(top_k=-1).problem() is None  # off, as vLLM's -1
     assert "min_p" in SamplingParams(min_p=2).problem()
 
 

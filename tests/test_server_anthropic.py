@@ -120,7 +120,7 @@ async def test_count_tokens(client):
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "text only"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}, "`max_tokens`"),
     ({"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "sometimes"}}, "tool_choice"),
-    ({"messages": [{"role": "user", "content": "x"}], "top_k": -1, "stream": True}, "`top_k`"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": -1, "stream": True}, "`temperature`"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": ["plain"]}]}]},
      "blocks must be objects"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
