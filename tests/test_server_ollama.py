@@ -76,6 +76,8 @@ async def test_an_empty_chat_loads_the_model_as_ollama_run_does(client, engine):
         assert resp.status == 200 and data["done"] and data["done_reason"] == reason
         assert data["message"] == {"role": "assistant", "content": ""}
     assert engine.requests == []  # nothing was generated
+    resp = await client.post("/api/chat", json={"messages": [], "options": []})
+    assert resp.status == 400 and "options" in (await resp.json())["error"]
 
 
 async def test_listing_endpoints(client):

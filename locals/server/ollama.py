@@ -150,11 +150,12 @@ def _load_reply(body: dict, model: str, key: str) -> web.Response:
 async def chat(request: web.Request) -> web.StreamResponse:
     backend = backend_of(request)
     body = await read_json(request)
+    sampling = _sampling(body)  # a malformed `options` is a 400 even with nothing to generate
     if body.get("messages") in (None, []):  # `ollama run` preloads with an empty chat
         return _load_reply(body, _model(body, backend), "message")
     request_chat = Chat(api="ollama", messages=_messages(body.get("messages")),
                         tools=openai_tools(body.get("tools")),
-                        json_schema=_format_schema(body.get("format")), sampling=_sampling(body))
+                        json_schema=_format_schema(body.get("format")), sampling=sampling)
     return await _reply(request, backend, request_chat, _model(body, backend),
                         get(body, "stream", bool, True), "message")
 
