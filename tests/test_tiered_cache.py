@@ -82,6 +82,8 @@ def test_engine_stop_finishes_a_queued_write(tiny_llama, tmp_path, caplog):
     store = DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=16)
     gate, real = threading.Event(), store._write
     store._write = lambda *args: (gate.wait(10), real(*args))  # a slow disk: still writing at stop
+    real_flush = store.flush  # the disk frees up only once stop() flushes, however slow the join before it
+    store.flush = lambda timeout: (threading.Timer(0.2, gate.set).start(), real_flush(timeout))[1]
     cache = TieredPrefixCache(MemoryPrefixCache(1 << 30), store)
     eng = Engine(tiny_llama, EngineConfig(step_token_budget=64), prefix_cache=cache)
     system = list(range(1000, 1100))
@@ -92,7 +94,6 @@ def test_engine_stop_finishes_a_queued_write(tiny_llama, tmp_path, caplog):
             c.submit(eng, GenerationRequest(system + suffix, SamplingParams(max_tokens=3)))
             c.wait()
         assert store.pending == 1
-        threading.Timer(0.3, gate.set).start()
     finally:
         with caplog.at_level(logging.INFO, logger="locals.engine.engine"):
             eng.stop()  # no flush before: stop() itself must land the file
