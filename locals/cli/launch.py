@@ -109,6 +109,28 @@ def list_tools() -> None:
     (console if console.is_terminal else Console(width=max(console.width, 160))).print(table)
 
 
+def _setup(tool: str, model: Optional[str], port: Optional[int]) -> None:
+    """Write locals into `tool`'s own settings, backed up first; refused before any server starts."""
+    from integrations import launcher
+    from integrations.base import get_tool
+
+    target = get_tool(tool)
+    if not _keeps_settings(target):  # refuse before a server is started for nothing
+        raise LocalsError(f"{target.title} keeps no settings of its own to change; "
+                          f"use `locals launch {target.name}`")
+    if target.launches and not target.detect().installed:
+        console_err.print(f"[yellow]{target.title} is not installed here[/yellow]; its settings are written for "
+                          f"when it is ({target.install or 'see its own site'})")
+    ctx = _context(target, model, port, Path.cwd(), None)
+    changes = target.configure(ctx) + target.setup_values(ctx)
+    if not changes:
+        raise LocalsError(f"{target.title} keeps no settings of its own to change; "
+                          f"use `locals launch {target.name}`")
+    for path, why in launcher.apply_changes(target, changes):
+        console.print(f"[green]✓[/green] {path}: {why}")
+    console.print(f"Backed up first; `locals disconnect {target.name}` puts the old settings back.")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("code")
     def code(
@@ -145,24 +167,7 @@ def register(app: typer.Typer) -> None:
                                            help="Port of the locals daemon (default: the last one, else 8321)."),
     ) -> None:
         """Make locals a tool's default model in its own config (undo with `locals disconnect`)."""
-        from integrations import launcher
-        from integrations.base import get_tool
-
-        target = get_tool(tool)
-        if not _keeps_settings(target):  # refuse before a server is started for nothing
-            raise LocalsError(f"{target.title} keeps no settings of its own to change; "
-                              f"use `locals launch {target.name}`")
-        if target.launches and not target.detect().installed:
-            console_err.print(f"[yellow]{target.title} is not installed here[/yellow]; its settings are written for "
-                              f"when it is ({target.install or 'see its own site'})")
-        ctx = _context(target, model, port, Path.cwd(), None)
-        changes = target.configure(ctx) + target.setup_values(ctx)
-        if not changes:
-            raise LocalsError(f"{target.title} keeps no settings of its own to change; "
-                              f"use `locals launch {target.name}`")
-        for path, why in launcher.apply_changes(target, changes):
-            console.print(f"[green]✓[/green] {path}: {why}")
-        console.print(f"Backed up first; `locals disconnect {target.name}` puts the old settings back.")
+        _setup(tool, model, port)
 
     @app.command("disconnect")
     def disconnect(tool: str = typer.Argument(..., help="Tool to give its own settings back.")) -> None:

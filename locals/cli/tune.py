@@ -102,17 +102,9 @@ def tune(
     from locals.engine.kernels.tuning import tune as run_tuning
 
     if report:
-        table = load_table()
-        if table is None:
-            hint = ("`locals tune`" if current_chip()[0] != "cpu" else
-                    "`locals tune --shape OUTxIN` (the CPU backend runs dense weights, so models have nothing to tune)")
-            raise LocalsError(f"this chip has no tuning results for this MLX version; run {hint}")
-        print_table(table)
+        _report()
         return
-    if bits not in (4, 8) or dtype not in ("bfloat16", "float16", "float32"):
-        raise LocalsError("--bits must be 4 or 8 and --dtype one of bfloat16, float16, float32")
-    if group_size not in (32, 64, 128) or rounds < 1:
-        raise LocalsError("--group-size must be 32, 64 or 128 and --rounds at least 1")
+    _check_options(bits, dtype, group_size, rounds)
     row_list = _parse_rows(rows) if rows else None
     pool = None
     if only:
@@ -142,6 +134,26 @@ def tune(
     if not table.complete:
         console_err.print("[yellow]stopped early:[/yellow] what was measured is saved; run "
                           "`locals tune` again to resume")
+
+
+def _report() -> None:
+    """Print this chip's stored table, or say how to make one."""
+    from locals.engine.kernels.tuning import current_chip, load_table
+
+    table = load_table()
+    if table is None:
+        hint = ("`locals tune`" if current_chip()[0] != "cpu" else
+                "`locals tune --shape OUTxIN` (the CPU backend runs dense weights, so models have nothing to tune)")
+        raise LocalsError(f"this chip has no tuning results for this MLX version; run {hint}")
+    print_table(table)
+
+
+def _check_options(bits: int, dtype: str, group_size: int, rounds: int) -> None:
+    """Refuse --shape options tuning cannot use, before anything loads."""
+    if bits not in (4, 8) or dtype not in ("bfloat16", "float16", "float32"):
+        raise LocalsError("--bits must be 4 or 8 and --dtype one of bfloat16, float16, float32")
+    if group_size not in (32, 64, 128) or rounds < 1:
+        raise LocalsError("--group-size must be 32, 64 or 128 and --rounds at least 1")
 
 
 @contextlib.contextmanager

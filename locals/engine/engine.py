@@ -37,8 +37,7 @@ from locals.protocol import EngineStats, Event, FinishEvent, GenerationRequest, 
 
 log = logging.getLogger(__name__)
 Sink = Callable[[Event], None]
-# How long stop() waits for the prompt cache's pending disk writes (a 16k-token system
-# prompt of a 4B model is a 2.4 GB file); whatever is left then is lost, not corrupted.
+# How long stop() waits for pending disk writes (16k tokens of a 4B model: 2.4 GB); the rest is never half-written.
 FLUSH_TIMEOUT_S = 60.0
 # Sampled tokens without forced ones after which a constrained row is taken to be writing a
 # value, where the next pass can be queued before its token is read (`_masks_can_follow`).
@@ -72,8 +71,7 @@ def _patch_kernels(loaded) -> int:
 
 
 def _fuse_kernels(loaded) -> dict[str, int]:
-    """On GPUs, give layers the fused kernels (q/k norm + RoPE, add + norm) that verify here;
-    only models the ragged forward runs use them."""
+    """On GPUs, give ragged-forward models the fused kernels (q/k norm + RoPE, add + norm) that verify here."""
     kind = getattr(getattr(loaded, "backend", None), "kind", "cpu")
     if kind == "cpu" or not supports_ragged(loaded.model):
         return {}
@@ -176,8 +174,7 @@ class Engine:
         self._waiting.clear()
 
     def submit(self, request: GenerationRequest, sink: Sink) -> None:
-        """Queue `request`; `sink` is called on the engine thread with its events (at once,
-        with an error, when the engine is broken: nothing would ever answer it)."""
+        """Queue `request`; `sink` gets its events on the engine thread (an error at once if the engine broke)."""
         with self._submit_lock:  # either queued before the engine broke (and answered), or answered here
             if not self.broken:
                 self._inbox.put(("submit", request, _safe(sink, request.id), time.perf_counter()))
@@ -342,8 +339,7 @@ class Engine:
             s.sampled_since_forced >= FREE_RUN for s in self._active if s.needs_sync)
 
     def _sync_for_drafts(self) -> bool:
-        """Whether a row wants to draft while the batch is small enough to verify drafts: it
-        needs its last token read before the next step is even built."""
+        """Whether a row wants to draft in a batch small enough to verify drafts (its token is read first)."""
         active = self._active
         if self.draft_policy is None or not any(s.wants_sync_for_draft for s in active):
             return False
