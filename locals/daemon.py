@@ -8,6 +8,8 @@ Public API (used by the CLI, the runner and the integrations): `ensure_running`,
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import plistlib
@@ -24,10 +26,11 @@ from typing import Callable
 
 import psutil
 
-from locals.config import (DEFAULT_HOST, Remembered, load_remembered, log_dir, save_remembered,
+from locals.config import (DEFAULT_HOST, DEFAULT_PORT, Remembered, load_remembered, log_dir, save_remembered,
                            state_dir)
 from locals.errors import LocalsError
 
+SERVICE = "locals"  # how /health and /v1/locals/status name the server (never another one on the port)
 START_TIMEOUT_S = 900  # first start may download a model
 # A stopping server first finishes its prompt-cache disk writes (up to 60 s).
 STOP_TIMEOUT_S = 70
@@ -97,8 +100,7 @@ def mark_serving(port: int, host: str, model: str | None) -> None:
     daemon wrote; a server started by hand is "foreground")."""
     record = read_record(port)
     if record is None or (record.pid and record.pid != os.getpid() and _alive(record.pid)):
-        record = ServerRecord(port=port, host=host, model=model, mode="foreground",
-                              log=str(log_path(port)))
+        record = ServerRecord(port=port, host=host, model=model, mode="foreground")  # logs to its terminal
     record.pid = os.getpid()
     write_record(record)
 
@@ -134,7 +136,7 @@ def health(port: int | None = None, host: str | None = None, timeout: float = 2.
     """/health of the locals server on `port` (status ok/loading/failed), None if none answers."""
     remembered = load_remembered()
     body = _get_json(f"{base_url(port or remembered.port, host or DEFAULT_HOST)}/health", timeout)
-    return body if isinstance(body, dict) and body.get("service") == "locals" else None
+    return body if isinstance(body, dict) and body.get("service") == SERVICE else None
 
 
 def is_running(port: int | None = None) -> bool:
@@ -144,7 +146,8 @@ def is_running(port: int | None = None) -> bool:
 def status(port: int | None = None) -> dict | None:
     """Everything the server reports about itself (/v1/locals/status), None if not running."""
     port = port or load_remembered().port
-    return _get_json(f"{base_url(port)}/v1/locals/status", timeout=5.0)
+    body = _get_json(f"{base_url(port)}/v1/locals/status", timeout=5.0)
+    return body if isinstance(body, dict) and body.get("service") == SERVICE and "model" in body else None
 
 
 def _alive(pid: int) -> bool:
@@ -154,13 +157,20 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _is_our_server(pid: int) -> bool:
-    """True if `pid` runs `locals serve` (pids get reused; never signal a stranger)."""
+def _is_our_server(pid: int, port: int) -> bool:
+    """True if `pid` runs `locals serve` on `port` (pids get reused; never signal a stranger)."""
     try:
-        cmd = " ".join(psutil.Process(pid).cmdline())
+        args = psutil.Process(pid).cmdline()
     except psutil.Error:
         return False
-    return "locals" in cmd and "serve" in cmd
+    if "serve" not in args or not any("locals" in a for a in args[: args.index("serve")]):
+        return False
+    for i, arg in enumerate(args):
+        if arg in ("--port", "-p") and i + 1 < len(args):
+            return args[i + 1] == str(port)
+        if arg.startswith("--port="):
+            return arg.removeprefix("--port=") == str(port)
+    return port == DEFAULT_PORT
 
 
 # --- how to launch --------------------------------------------------------------------------
@@ -246,11 +256,39 @@ def _unload_service(record: ServerRecord) -> None:
 
 # --- start / stop ---------------------------------------------------------------------------
 
-def log_tail(port: int, lines: int = 20) -> str:
+def log_tail(port: int, lines: int = 20, since: int = 0) -> str:
+    """The last `lines` lines of the server log, from byte `since` on (one start's own lines)."""
     try:
-        return "\n".join(log_path(port).read_text(errors="replace").splitlines()[-lines:])
+        with open(log_path(port), "rb") as log:
+            log.seek(since)
+            text = log.read().decode(errors="replace")
     except OSError:
         return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _log_size(port: int) -> int:
+    try:
+        return log_path(port).stat().st_size
+    except OSError:
+        return 0
+
+
+@contextlib.contextmanager
+def port_lock(port: int, on_wait: Callable[[dict | None], None] | None = None):
+    """Held while one `locals start` (or a restart for another model) owns `port`: a second
+    one waits for it, then finds its server, instead of taking it for a stale one."""
+    with open(state_dir() / f"server-{port}.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait:
+                on_wait({"status": "starting elsewhere"})
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _clear_stale(port: int) -> None:
@@ -259,27 +297,37 @@ def _clear_stale(port: int) -> None:
     if record is None:
         return
     _unload_service(record)
-    if record.pid and _alive(record.pid) and _is_our_server(record.pid):
+    if record.pid and _alive(record.pid) and _is_our_server(record.pid, port):
         _terminate(record.pid, timeout=10)
     remove_record(port)
 
 
 def start(model: str | None = None, port: int | None = None, host: str | None = None, *,
           timeout: float = START_TIMEOUT_S, on_wait: Callable[[dict | None], None] | None = None) -> str:
-    """Start the server in the background and wait until it serves; returns its base URL.
-    Raises AlreadyRunning if one answers on the port already."""
+    """Start the server in the background (`model` None: the remembered one) and wait until it
+    serves; returns its base URL. Raises AlreadyRunning, once it serves, if one answered already."""
     remembered = load_remembered()
     port = port or remembered.port
-    host = host or remembered.host or DEFAULT_HOST
+    with port_lock(port, on_wait):
+        return _start(model or remembered.model, port, host or remembered.host or DEFAULT_HOST, timeout, on_wait)
+
+
+def _start(model: str | None, port: int, host: str, timeout: float, on_wait) -> str:
+    """`start` with the port's lock held."""
     url = base_url(port, host)
     running = health(port, host)
+    if running is not None and running.get("status") == "failed":
+        stop(port)  # a server whose model failed to load, or whose engine broke: start afresh
+        running = None
     if running is not None:
+        if running.get("status") != "ok":  # still loading: "already running" means serving
+            _wait_healthy(port, host, timeout, read_record(port) or ServerRecord(port), None, on_wait)
         raise AlreadyRunning(f"locals is already running at {url} with {running.get('model')}; "
                              "run `locals stop` first to change the model or port", model=running.get("model"))
     _clear_stale(port)
-    record = ServerRecord(port=port, host=host, model=model, mode=service_manager(),
-                          log=str(log_path(port)))
+    record = ServerRecord(port=port, host=host, model=model, mode=service_manager(), log=str(log_path(port)))
     _rotate(Path(record.log))
+    log_start = _log_size(port)
     cmd = _server_command(model, port, host)
     proc = None
     if record.mode == "systemd":
@@ -290,28 +338,33 @@ def start(model: str | None = None, port: int | None = None, host: str | None = 
         proc = _launch_process(record, cmd)
     write_record(record)
     try:
-        _wait_healthy(port, host, timeout, record, proc, on_wait)
+        _wait_healthy(port, host, timeout, record, proc, on_wait, log_start)
     except BaseException:
-        stop(port)  # never leave a half-started server behind
+        with contextlib.suppress(LocalsError):
+            stop(port)  # never leave a half-started server behind
         raise
     save_remembered(Remembered(model=model, port=port, host=host))
     return url
 
 
 def _wait_healthy(port: int, host: str, timeout: float, record: ServerRecord,
-                  proc: subprocess.Popen | None, on_wait) -> None:
+                  proc: subprocess.Popen | None, on_wait, log_start: int = 0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         body = health(port, host, timeout=1.0)
         if body and body.get("status") == "ok":
             return
+        if body and body.get("status") == "failed":
+            raise LocalsError(f"the server on port {port} failed: {body.get('error')}"
+                              + (f" (log: {record.log})" if record.log else ""))
         if on_wait:
             on_wait(body)
         if _exited(record, proc, started=body is not None):
-            raise LocalsError(f"the server stopped while starting; the end of {record.log}:\n"
-                              f"{log_tail(port)}")
+            where = f"the end of {record.log}" if record.log else "its own terminal for the rest"
+            raise LocalsError(f"the server stopped while starting; {where}:\n"
+                              f"{log_tail(port, since=log_start) if record.log else ''}".rstrip())
         time.sleep(0.25)
-    raise LocalsError(f"the server did not become ready within {timeout:.0f} s; see {record.log}")
+    raise LocalsError(f"the server did not become ready within {timeout:.0f} s; see {record.log or 'its terminal'}")
 
 
 def _exited(record: ServerRecord, proc: subprocess.Popen | None, started: bool) -> bool:
@@ -341,7 +394,8 @@ def _terminate(pid: int, timeout: float) -> None:
 
 def stop(port: int | None = None, timeout: float = STOP_TIMEOUT_S) -> bool:
     """Stop the server on `port` (default: the remembered one); False if none was running
-    (a stale record is removed all the same)."""
+    (a stale record is removed all the same). A server that answers but that locals did not
+    start (no `locals serve` on that port behind it) is never signalled: LocalsError."""
     port = port or load_remembered().port
     record = read_record(port)
     body = health(port)
@@ -350,14 +404,17 @@ def stop(port: int | None = None, timeout: float = STOP_TIMEOUT_S) -> bool:
     if record is not None:
         _unload_service(record)
     pid = (record.pid if record else None) or (body or {}).get("pid")
-    ours = bool(pid and _alive(pid) and _is_our_server(pid))
+    ours = bool(pid and _alive(pid) and _is_our_server(pid, port))
     if ours:
         _terminate(pid, timeout)
     remove_record(port)  # also forgets a stale record of a server that died
-    return ours or body is not None
+    if not ours and body is not None and health(port) is not None:
+        raise LocalsError(f"a locals server answers on port {port} (pid {body.get('pid')}) that `locals start` "
+                          f"did not start; stop it where it runs (Ctrl-C) or with `kill {body.get('pid')}`")
+    return ours
 
 
-def _same_model(asked: str, serving: str) -> bool:
+def same_model(asked: str, serving: str) -> bool:
     """Whether two names (alias, repo id, path) mean the same weights."""
     if asked == serving:
         return True
@@ -374,20 +431,21 @@ def ensure_running(model: str | None = None, port: int | None = None) -> str:
     one), starting or restarting the daemon as needed and waiting until it serves."""
     remembered = load_remembered()
     port = port or remembered.port
-    body = health(port)
-    if body is not None and model:
-        record = read_record(port)
-        serving = {body.get("model"), record.model if record else None} - {None}
-        if not any(_same_model(model, name) for name in serving):
-            from locals.engine.models import fetch_weights
+    with port_lock(port):  # two agents' launches at once: the second finds the first one's server
+        body = health(port)
+        if body is not None and model:
+            record = read_record(port)
+            serving = {body.get("model"), record.model if record else None} - {None}
+            if not any(same_model(model, name) for name in serving):
+                from locals.engine.models import fetch_weights
 
-            fetch_weights(model)  # a model that cannot be had fails here, the running server untouched
-            stop(port)
-            body = None
-    if body is None:
-        return start(model or remembered.model, port)
-    url = base_url(port)
-    if body.get("status") != "ok":
-        _wait_healthy(port, DEFAULT_HOST, START_TIMEOUT_S, read_record(port) or ServerRecord(port), None, None)
+                fetch_weights(model)  # a model that cannot be had fails here, the running server untouched
+                stop(port)
+                body = None
+        if body is None or body.get("status") == "failed":
+            with contextlib.suppress(AlreadyRunning):  # a foreground `locals serve` got there first
+                return _start(model or remembered.model, port, remembered.host or DEFAULT_HOST, START_TIMEOUT_S, None)
+        elif body.get("status") != "ok":
+            _wait_healthy(port, DEFAULT_HOST, START_TIMEOUT_S, read_record(port) or ServerRecord(port), None, None)
     save_remembered(Remembered(model=model or remembered.model, port=port, host=remembered.host))
-    return url
+    return base_url(port)

@@ -122,6 +122,8 @@ def test_start_with_another_model_than_the_running_one_fails(monkeypatch):
     assert same.exit_code == 0 and "already running" in same.output  # asking again is fine
     plain = CliRunner().invoke(app, ["start"])
     assert plain.exit_code == 0
+    alias = CliRunner().invoke(app, ["start", "--model", "smollm2:135m"])  # another name, same weights
+    assert alias.exit_code == 0, alias.output
     other = CliRunner().invoke(app, ["start", "--model", "qwen"])
     assert other.exit_code != 0 and isinstance(other.exception, daemon.AlreadyRunning)
 
@@ -133,7 +135,7 @@ def test_asking_for_a_model_that_cannot_be_had_keeps_the_running_server(monkeypa
     monkeypatch.setattr(daemon, "health", lambda port, host=None: {"status": "ok", "model": "smollm2"})
     monkeypatch.setattr(daemon, "read_record", lambda port: None)
     monkeypatch.setattr(daemon, "stop", lambda port: stopped.append(port) or True)
-    monkeypatch.setattr(daemon, "start", lambda model, port: started.append(model) or "http://x")
+    monkeypatch.setattr(daemon, "_start", lambda model, port, *_: started.append(model) or "http://x")
     with pytest.raises(ModelNotFound):
         daemon.ensure_running(str(tmp_path / "missing.gguf"), 18561)
     assert stopped == [] and started == []  # the working server was left alone

@@ -134,6 +134,7 @@ def test_cancel_frees_the_slot(tiny_llama):
         assert wait_for(lambda: len(c.tokens(first)) >= 2)
         assert not c.done.is_set()
         assert eng.stats().waiting == 1  # the only slot is taken
+        assert eng.stats().extra["generating_tokens"] >= 2  # counted before the request ends
         eng.cancel(first)
         c.wait()
         assert c.finish(first).reason == "cancelled"
@@ -141,6 +142,8 @@ def test_cancel_frees_the_slot(tiny_llama):
         assert len(c.tokens(second)) == 5
         # Rows are freed right after their FinishEvent is sent.
         assert wait_for(lambda: eng.stats().running == 0 and eng.stats().kv_bytes == 0)
+        assert eng.stats().extra["generating_tokens"] == 0
+        assert eng.stats().generated_tokens_total == len(c.tokens(first)) + 5
     finally:
         eng.stop()
 

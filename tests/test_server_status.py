@@ -84,3 +84,17 @@ async def test_client_hang_up_cancels_the_request_in_the_engine():
         assert record.finish == "cancelled" and state.backend.activity.in_flight == 0
     finally:
         await client.close()
+
+
+async def test_a_running_request_shows_its_output_so_far():
+    engine = ScriptedEngine(replies=["x" * 3000], delay=0.02)
+    client = await start_client(make_state(engine))
+    try:
+        resp = await client.post("/v1/chat/completions", json=CHAT | {"stream": True})
+        for _ in range(4):
+            await resp.content.readline()  # a few chunks are out
+        row = (await (await client.get("/v1/locals/status")).json())["requests"]["recent"][0]
+        assert row["finish"] == "running" and row["completion_tokens"] >= 3
+        resp.close()
+    finally:
+        await client.close()

@@ -21,14 +21,16 @@ def start(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535,
                                        help="Port (default: the last one, else 8321)."),
-    timeout: float = typer.Option(daemon.START_TIMEOUT_S, "--timeout", help="Seconds to wait for the model."),
+    timeout: float = typer.Option(daemon.START_TIMEOUT_S, "--timeout", min=1, help="Seconds to wait for the model."),
 ) -> None:
-    """Start the server in the background and wait until the model is loaded."""
+    """Start the server in the background and wait until the model is loaded (its log: `locals status --logs`)."""
     phase = {"text": "starting the server…"}
 
     def on_wait(body: dict | None) -> None:
         if body and body.get("status") == "loading":
             phase["text"] = f"loading {body.get('model')}…"
+        elif body and body.get("status") == "starting elsewhere":
+            phase["text"] = "another `locals start` is starting the server; waiting for it…"
         spinner.update(phase["text"])
 
     t0 = time.monotonic()
@@ -38,7 +40,7 @@ def start(
     except daemon.AlreadyRunning as exc:
         from locals.engine.catalog import split_thinking, strip_editor_prefix
 
-        if model and split_thinking(strip_editor_prefix(model))[0] != exc.model:
+        if model and not daemon.same_model(split_thinking(strip_editor_prefix(model))[0], exc.model or ""):
             raise  # a script asked for another model: it must not go on as if it had it
         console.print(str(exc))
         return

@@ -216,11 +216,9 @@ class Engine:
 
     def _norms_in_matmuls(self) -> int:
         """Linears whose tuned kernel also does the residual add + norm after them (kernels/normfold.py)."""
-        if not self.patched_layers:
-            return 0
         from locals.engine.kernels.registry import folded_norm_count
 
-        return folded_norm_count(self.model)
+        return folded_norm_count(self.model) if self.patched_layers else 0
 
     def stats(self) -> EngineStats:
         c = self.counters
@@ -243,6 +241,7 @@ class Engine:
             weights_bytes=int(getattr(self.loaded, "weights_bytes", 0) or 0),
             steps=c.steps,
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
+                   "generating_tokens": sum(len(s.generated) for s in active),  # not in the total yet
                    "fused_kernel_layers": self.fused_kernel_layers, "norms_in_matmuls": self._norms_in_matmuls(),
                    "tuning_left": int(getattr(self.idle_work, "left", 0) or 0),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
@@ -469,11 +468,11 @@ class Engine:
                 slot.seq.finish("error", f"engine step failed: {exc}")
             return
         now = time.perf_counter()
-        self.counters.decode.add(step.emitted, now)
+        self.counters.decode.add(step.emitted, now, step.started)
         self.counters.drafted_tokens_total += step.drafted
         self.counters.accepted_tokens_total += step.accepted
         self.counters.taken_back_total += step.taken_back
-        self.counters.prefill.add(step.prefill_tokens, now)
+        self.counters.prefill.add(step.prefill_tokens, now, step.started)
         for seq in first:
             self.counters.last_ttft_s = seq.first_token_at - seq.submitted_at
 

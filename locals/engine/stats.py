@@ -8,15 +8,17 @@ from dataclasses import dataclass, field
 
 
 class RateMeter:
-    """Events per second over the last `window` seconds."""
+    """Tokens per second of the steps that ended in the last `window` seconds, each counted
+    from when it started (a prompt read in one long step is not N tokens in no time)."""
 
     def __init__(self, window: float = 5.0):
         self.window = window
-        self._events: deque[tuple[float, int]] = deque()
+        self._events: deque[tuple[float, float, int]] = deque()  # (started, ended, tokens)
 
-    def add(self, n: int, now: float | None = None) -> None:
+    def add(self, n: int, now: float | None = None, started: float | None = None) -> None:
         now = time.perf_counter() if now is None else now
-        self._events.append((now, n))
+        if n > 0:
+            self._events.append((now if started is None else min(started, now), now, n))
         self._trim(now)
 
     def rate(self, now: float | None = None) -> float:
@@ -24,11 +26,11 @@ class RateMeter:
         self._trim(now)
         if not self._events:
             return 0.0
-        span = max(now - self._events[0][0], 1e-3)
-        return sum(n for _, n in self._events) / span
+        span = max(now - min(started for started, _, _ in self._events), 1e-3)
+        return sum(n for _, _, n in self._events) / span
 
     def _trim(self, now: float) -> None:
-        while self._events and now - self._events[0][0] > self.window:
+        while self._events and now - self._events[0][1] > self.window:
             self._events.popleft()
 
 

@@ -22,6 +22,7 @@ from locals.server.activity import Activity
 from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
 
 log = logging.getLogger(__name__)
+STOPPED_MESSAGE = "the server stopped before this reply was finished; send the request again once it is back"
 
 
 @dataclass
@@ -192,15 +193,18 @@ class Backend:
                     if isinstance(event, FinishEvent):
                         for piece in splitter.finish():
                             yield _wrap(piece)
-                        finish, usage = event.reason, event.usage
+                        finish, usage, error = event.reason, event.usage, event.error
                         if finish == "stop" and splitter.calls:
                             finish = "tool_calls"
+                        if finish == "cancelled":  # read by a client still here: the engine stopped under it
+                            finish, error = "error", STOPPED_MESSAGE
                         prompt_s = (first_at or time.perf_counter()) - submitted
-                        yield Done(finish, usage, event.error, prompt_s, event.detail.get("stop_sequence"))
+                        yield Done(finish, usage, error, prompt_s, event.detail.get("stop_sequence"))
                         return
                     first_at = first_at or time.perf_counter()
                     self.activity.first_token(record)
                     usage.completion_tokens += len(event.tokens)
+                    record.completion_tokens = usage.completion_tokens  # the dashboard's row counts as it goes
                     pieces = [_wrap(p) for p in splitter.feed(event.text)]
                     if event.logprobs and not any(isinstance(p, Text) for p in pieces):
                         pieces.insert(0, Text(""))
