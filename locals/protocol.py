@@ -37,7 +37,7 @@ class SamplingParams:
         """What is out of range, in the API's field names, or None when every value can be used
         (a `top_k` of 0 or less is off, as vLLM's -1 and llama.cpp's 0 are)."""
         checks = [(self.max_tokens >= 1, "`max_tokens` must be at least 1"),
-                  (self.temperature >= 0, "`temperature` must be 0 (greedy) or more"),
+                  (0 <= self.temperature < float("inf"), "`temperature` must be 0 (greedy) or more, and finite"),
                   (0 <= self.top_p <= 1, "`top_p` must be between 0 and 1"),
                   (0 <= self.min_p <= 1, "`min_p` must be between 0 and 1")]
         return next((message for ok, message in checks if not ok), None)

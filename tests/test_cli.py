@@ -49,7 +49,7 @@ def test_bad_schema_file_is_one_clear_line(tmp_path):
 
 def test_out_of_range_sampling_options_are_one_clear_line():
     for args, needle in ((("--max-tokens", "0"), "--max-tokens"), (("--top-p", "5"), "--top-p"),
-                         (("--temperature", "-1"), "--temperature")):
+                         (("--temperature", "-1"), "--temperature"), (("--temperature", "inf"), "finite")):
         _one_clear_line(run_cli("generate", "--prompt", "hi", *args), needle)
     _one_clear_line(run_cli("chat", "--max-tokens", "-5"), "--max-tokens")
 
@@ -111,3 +111,19 @@ def test_generate_answers_paris():
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
     assert "tok/s" in proc.stderr
+
+
+def test_a_request_that_can_never_fit_is_an_error_not_an_empty_answer():
+    proc = run_cli("generate", "--model", "smollm2", "--prompt", "hi", "--max-tokens", "100000000")
+    _one_clear_line(proc, "max_tokens")
+    assert proc.stdout == ""
+
+
+def test_chat_takes_a_mistyped_command_for_one_and_goes_on():
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "locals", "chat", "--model", "smollm2", "--max-tokens", "4",
+                           "-t", "0"], input="/help\nWhat is 2+2?\n/quit\n", capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "unknown command /help" in proc.stderr and "/reset" in proc.stderr
+    assert "(cut at --max-tokens)" in proc.stderr  # the one real turn, cut at 4 tokens

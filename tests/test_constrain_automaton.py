@@ -216,7 +216,7 @@ def test_compiling_now_never_cancels_a_future_other_requests_wait_on(smollm2, lo
     vocab = token_vocab(smollm2.tokenizer, smollm2.vocab_size)
     release = threading.Event()
     # Keep both workers busy so the next submit stays queued, as a prefetch behind others does.
-    blockers = [compiler._pool.submit(release.wait, 30) for _ in range(2)]
+    blockers = [compiler._run_detached(release.wait, 30) for _ in range(2)]
     try:
         regex = '"shared-' + str(threading.get_ident()) + '"'
         queued = compiler.submit(regex, vocab)  # what a second request with the same tools waits on
@@ -229,3 +229,23 @@ def test_compiling_now_never_cancels_a_future_other_requests_wait_on(smollm2, lo
         b.result(timeout=30)
     theirs = compiler.wait(queued, "test tool", timeout=60)
     assert theirs is mine  # the worker found the request's own build cached
+
+
+def test_a_compile_past_its_limit_never_keeps_the_process_alive():
+    """`locals generate` printed its "takes too long" error and then waited minutes for the
+    compile: a still-running compile must not hold the interpreter at exit."""
+    import subprocess
+    import sys
+    import time
+
+    script = ("import time\n"
+              "from locals.engine.constrain import compile as c\n"
+              "from locals.errors import RequestError\n"
+              "try:\n"
+              "    c.wait(c._run_detached(time.sleep, 600), 'the schema', timeout=0.2)\n"
+              "except RequestError as exc:\n"
+              "    print(exc)\n")
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "takes too long to compile" in done.stdout, done.stderr
+    assert time.monotonic() - t0 < 60  # not the 600 s the compile would take

@@ -92,3 +92,35 @@ def test_optional_properties_keep_json_dumps_spacing():
     for value in ({"a": 1, "c": 3}, {"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 2, "c": 3, "d": 4}):
         assert _matches(schema, json.dumps(value)), value
     assert not _matches(schema, '{"a": 1,"c": 3}')
+
+
+@pytest.mark.parametrize("schema, needle", [
+    ({"type": "integer", "multipleOf": 7}, "'multipleOf'"),
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "'uniqueItems'"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 1}, "'minProperties'"),
+    ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "minimum": 5,
+      "exclusiveMinimum": True}, "'exclusiveMinimum'"),
+    ({"type": "object", "required": ["x"]}, "requires 'x'"),
+    ({"type": "object", "properties": {"y": {"type": "integer"}}, "required": ["x"]}, "requires 'x'"),
+    ({"enum": []}, "empty 'enum'"),
+])
+def test_a_response_format_refuses_rules_the_automaton_would_drop(schema, needle):
+    with pytest.raises(RequestError, match=needle):
+        schema_regex(schema, label="the response JSON schema", strict=True)
+    schema_regex(schema, label="tool 'x'")  # a tool's schema stays lenient: agents' tools use these
+
+
+def test_a_response_format_keeps_what_it_can_enforce():
+    ok = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                    "uniqueItems": False}},
+          "required": ["tags"], "allOf": [{"required": ["tags"]}]}
+    assert re.fullmatch(schema_regex(ok, label="r", strict=True), '{"tags": ["a", "b"]}')
+
+
+def test_a_reference_to_itself_is_refused_not_a_crash():
+    loop = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "allOf": [{"$ref": "#/$defs/a"}]}
+    with pytest.raises(RequestError, match="refers to itself"):
+        schema_regex(loop, label="test")
+    deeper = {"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}}, "allOf": [{"$ref": "#/$defs/a"}]}
+    with pytest.raises(RequestError, match="refer back to themselves"):
+        schema_regex(deeper, label="test")

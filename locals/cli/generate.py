@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -31,15 +32,18 @@ def _stream(engine, request: GenerationRequest, out=sys.stdout) -> tuple[FinishE
     """Print a request's text as it arrives; returns the finish event and time to first token."""
     start, ttft = time.perf_counter(), None
     finish = None
-    for event in engine.generate(request):
-        if isinstance(event, TokenEvent):
-            ttft = ttft if ttft is not None else time.perf_counter() - start
-            out.write(event.text)
-            out.flush()
-        elif isinstance(event, FinishEvent):
-            finish = event
+    with contextlib.closing(engine.generate(request)) as events:  # Ctrl-C: closing cancels the request
+        for event in events:
+            if isinstance(event, TokenEvent):
+                ttft = ttft if ttft is not None else time.perf_counter() - start
+                out.write(event.text)
+                out.flush()
+            elif isinstance(event, FinishEvent):
+                finish = event
     if finish.reason == "error":
         raise LocalsError(f"generation failed: {finish.error}")
+    if finish.reason == "memory":
+        raise LocalsError(finish.error or "this request can never fit in the memory budget; lower --max-tokens")
     return finish, ttft or 0.0
 
 
@@ -105,7 +109,7 @@ def chat(
     temperature: float = typer.Option(0.7, "--temperature", "-t", help="0 = greedy."),
     system: Optional[str] = typer.Option(None, "--system", help="A system message."),
 ) -> None:
-    """Chat in the terminal; the conversation is kept. Type /exit (or Ctrl-D) to leave."""
+    """Chat in the terminal; the conversation is kept. /exit (or Ctrl-D) leaves, Ctrl-C stops a reply."""
     _sampling(temperature=temperature, max_tokens=max_tokens)
     prepare_model_process()
     loaded = load_with_spinner(model)
@@ -114,29 +118,49 @@ def chat(
     history = [{"role": "system", "content": system}] if system else []
     engine = create_engine(loaded)
     engine.start()
-    console_err.print("[dim]/exit to quit, /reset to forget the conversation[/dim]")
+    console_err.print(f"[dim]{CHAT_COMMANDS}; Ctrl-C stops a reply[/dim]")
     try:
         while True:
             try:
                 line = console.input("[bold green]> [/bold green]")
             except (EOFError, KeyboardInterrupt):
                 break
-            if line.strip() in ("/exit", "/quit"):
+            command = line.strip()
+            if command in ("/exit", "/quit"):
                 break
-            if line.strip() == "/reset":
+            if command == "/reset":
                 history = history[:1] if system else []
-                continue
-            if not line.strip():
-                continue
-            history.append({"role": "user", "content": line})
-            tokens = encode_prompt(loaded, render_prompt(loaded, history))
-            request = GenerationRequest(tokens, _sampling(temperature=temperature, max_tokens=max_tokens))
-            reply = _CollectingWriter()
-            _stream(engine, request, out=reply)
-            sys.stdout.write("\n")
-            history.append({"role": "assistant", "content": reply.text})
+            elif re.fullmatch(r"/[a-z]+", command):  # a mistyped command is not a message to the model
+                console_err.print(f"[yellow]unknown command {command}[/yellow]: {CHAT_COMMANDS}")
+            elif command:
+                history.append({"role": "user", "content": line})
+                request = GenerationRequest(encode_prompt(loaded, render_prompt(loaded, history)),
+                                            _sampling(temperature=temperature, max_tokens=max_tokens))
+                _chat_turn(engine, request, history)
     finally:
         engine.stop()
+
+
+def _chat_turn(engine, request: GenerationRequest, history: list[dict]) -> None:
+    """Stream one reply into `history`; Ctrl-C or a failed turn ends the reply, not the chat."""
+    reply = _CollectingWriter()
+    try:
+        finish, _ = _stream(engine, request, out=reply)
+        note = {"length": "cut at --max-tokens", "loop": "stopped: it was repeating itself"}.get(finish.reason)
+    except KeyboardInterrupt:
+        note = "stopped"
+    except LocalsError as exc:
+        sys.stdout.write("\n")
+        console_err.print(f"[red]error:[/red] {exc}")
+        history.pop()  # the question goes too: ask again, differently
+        return
+    sys.stdout.write("\n")
+    if note:
+        console_err.print(f"[dim]({note})[/dim]")
+    history.append({"role": "assistant", "content": reply.text})
+
+
+CHAT_COMMANDS = "/exit or /quit (or Ctrl-D) to leave, /reset to forget the conversation"
 
 
 class _CollectingWriter:

@@ -15,6 +15,9 @@ import mlx.core as mx
 from locals.engine.rowfeed import RowOf, join_rows
 
 _split = mx.vmap(lambda key: mx.random.split(key))
+# Temperatures at or below this draw greedily: they are greedy in effect, and 1e-45 (a float32
+# zero) turned every logit into inf, so the draw returned token 0 (end-of-text garbage).
+GREEDY_BELOW = 1e-4
 
 
 @dataclass
@@ -71,13 +74,13 @@ def sample(logits: mx.array, rows: list[RowSampling]) -> Sampled:
     greedy = mx.argmax(logits, axis=-1)
     # Rows whose keys are the last step's next keys, in order, take that array as it is.
     keys = join_rows([r.key for r in rows], stack=True)
-    if all(r.temperature <= 0 for r in rows):
+    if all(r.temperature <= GREEDY_BELOW for r in rows):
         tokens = greedy  # greedy rows never use their key, so it stays as it is
     else:
         split = _split(keys)
         keys = split[:, 0]
         drawn = _draw(logits, rows, split[:, 1])
-        is_greedy = mx.array([r.temperature <= 0 for r in rows])
+        is_greedy = mx.array([r.temperature <= GREEDY_BELOW for r in rows])
         tokens = mx.where(is_greedy, greedy, drawn)
     out = Sampled(tokens=tokens.astype(mx.int32), keys=keys)
     want = max(r.top_logprobs for r in rows)
@@ -87,7 +90,7 @@ def sample(logits: mx.array, rows: list[RowSampling]) -> Sampled:
 
 
 def _draw(logits: mx.array, rows: list[RowSampling], keys: mx.array) -> mx.array:
-    temps = mx.array([r.temperature if r.temperature > 0 else 1.0 for r in rows])[:, None]
+    temps = mx.array([r.temperature if r.temperature > GREEDY_BELOW else 1.0 for r in rows])[:, None]
     scaled = logits / temps
     if any(r.top_k > 0 for r in rows):
         scaled = _top_k(scaled, [r.top_k for r in rows])

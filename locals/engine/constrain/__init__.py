@@ -103,7 +103,7 @@ def build_constraint(loaded, *, tools: list[dict] | None = None, tool_choice="au
                                         max_tokens=max_tokens)
         return _fits_budget(constraint, max_tokens, "a tool call") if mode == "required" else constraint
     if json_schema is not None:
-        regex = schema_regex(json_schema, label="the response JSON schema")
+        regex = schema_regex(json_schema, label="the response JSON schema", strict=True)
         index = compiler.compile_regex(regex, vocab, label="the response JSON schema")
         constraint = JsonConstraint(index, DeviceRow(token_row(vocab, vocab.eos_ids)), max_tokens=max_tokens)
         return _fits_budget(constraint, max_tokens, "the response JSON schema")

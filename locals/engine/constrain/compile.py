@@ -1,9 +1,10 @@
 """Compiling regexes into `CompiledIndex`es: cached in memory and on disk, built off-thread with a time limit.
 
-Keys are (outlines-core version, tokenizer fingerprint, regex). Compiles run on a small
-worker pool (outlines-core releases the GIL while it builds), so a request waits on its
-own compile without stalling the server, and a compile that runs past its limit becomes
-a RequestError naming the schema; it keeps running and lands in the cache for next time.
+Keys are (outlines-core version, tokenizer fingerprint, regex). Compiles run on daemon
+threads, two at a time (outlines-core releases the GIL while it builds), so a request waits
+on its own compile without stalling the server, and a compile that runs past its limit
+becomes a RequestError naming the schema; it keeps running and lands in the cache for next
+time, but never keeps a finished process (`locals generate`) from exiting.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import pickle
 import threading
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from importlib.metadata import version
 
 import outlines_core
@@ -33,7 +34,26 @@ _OUTLINES_VERSION = version("outlines_core")
 _memory: "OrderedDict[str, CompiledIndex]" = OrderedDict()
 _inflight: dict[str, Future] = {}
 _lock = threading.Lock()
-_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="locals-constrain")
+_slots = threading.BoundedSemaphore(2)  # compiles at once
+
+
+def _run_detached(fn, *args) -> Future:
+    """`fn(*args)` on a daemon thread once a slot is free. Not a ThreadPoolExecutor: Python
+    joins its workers at exit, so a compile past its limit (minutes, gigabytes: outlines-core
+    on `"minLength": 60`) kept `locals generate` from exiting after it printed its error."""
+    future: Future = Future()
+
+    def run() -> None:
+        with _slots:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to the waiter, as an executor would
+                future.set_exception(exc)
+
+    threading.Thread(target=run, name="locals-constrain", daemon=True).start()
+    return future
 
 
 def cache_key(regex: str, vocab: TokenVocab) -> str:
@@ -106,7 +126,7 @@ def submit(regex: str, vocab: TokenVocab) -> Future:
     with _lock:
         future = _inflight.get(key)
         if future is None:
-            future = _pool.submit(_build, key, regex, vocab)
+            future = _run_detached(_build, key, regex, vocab)
             future.add_done_callback(lambda f, k=key: (f.cancelled() or f.exception()) and _forget(k))
             _inflight[key] = future
         return future

@@ -23,6 +23,10 @@ from locals.errors import RequestError
 
 UNSUPPORTED = ("not", "if", "then", "else", "contains", "dependentSchemas", "propertyNames",
                "unevaluatedProperties", "unevaluatedItems")
+# Rules outlines-core drops without a word. A response format (strict) refuses them, since
+# the reply promises to be valid; a tool's schema keeps its old leniency, as agents' tools
+# use them and the call is still a well-formed value of the right shape.
+UNENFORCED = ("multipleOf", "minProperties", "maxProperties", "dependentRequired", "dependencies")
 # A private-use character marks whitespace slots; `_pin_whitespace` replaces it.
 _WS = "\ue000"
 _ESCAPES_OLD = r'\\["\\/bfnrt]'
@@ -45,9 +49,10 @@ def free_json_regex(depth: int, top: str = "value") -> str:
 class _Rewriter:
     """One schema's rewrite: resolves local $refs met inside allOf and collects regex placeholders."""
 
-    def __init__(self, root: dict, label: str, avoid=()):
+    def __init__(self, root: dict, label: str, avoid=(), strict: bool = False):
         self.root = root
         self.label = label
+        self.strict = strict
         # Characters a pattern may not write raw inside a JSON string (and `<` when markers are avoided).
         self.banned = '"\\' + "".join(map(chr, range(0x20))) + ("<" if avoid else "")
         self.regexes: list[str] = []
@@ -64,6 +69,8 @@ class _Rewriter:
             if key in node:
                 raise self.fail(path, f"uses '{key}', which constrained decoding does not support; "
                                       "remove it or describe the rule in the description instead")
+        if self.strict:
+            self.refuse_unenforced(node, path)
         if "allOf" in node:
             node = self.merge_all_of(node, path)
         out = {}
@@ -75,6 +82,21 @@ class _Rewriter:
             else:
                 out[key] = self.rewrite(value, f"{path}/{key}")
         return self.free_form(self.integer_range(self.pattern(out, path), path), path)
+
+    def refuse_unenforced(self, node: dict, path: str) -> None:
+        """Rules a strict schema states that the automaton would silently not enforce."""
+        used = [key for key in UNENFORCED if key in node]
+        if node.get("uniqueItems") is True:
+            used.append("uniqueItems")
+        used += [key for key in ("exclusiveMinimum", "exclusiveMaximum") if isinstance(node.get(key), bool)]
+        if used:
+            raise self.fail(path, f"uses '{used[0]}', which constrained decoding cannot enforce; remove it "
+                                  "(and check the rule on the reply) or describe it in the description")
+        missing = [name for name in node.get("required") or [] if name not in (node.get("properties") or {})]
+        if missing and "allOf" not in node:
+            raise self.fail(path, f"requires {missing[0]!r} without a schema for it in 'properties'; add one")
+        if node.get("enum") == []:
+            raise self.fail(path, "has an empty 'enum', which no value matches")
 
     def pattern(self, node: dict, path: str) -> dict:
         """outlines-core inserts a pattern verbatim (a `.` could write `"`) and drops it when
@@ -103,16 +125,18 @@ class _Rewriter:
             return node
         return {"const": _PLACEHOLDER.format(len(self.regexes) - 1)}
 
-    def resolve(self, node: dict, path: str) -> dict:
+    def resolve(self, node: dict, path: str, seen: tuple = ()) -> dict:
         ref = node.get("$ref")
         if ref is None:
             return node
         if not ref.startswith("#/"):
             raise self.fail(path, f"refers to {ref!r}; only local references (#/...) are supported")
+        if ref in seen:
+            raise self.fail(path, f"refers to itself through {' -> '.join((*seen, ref))}; no value can be built")
         target = self.root
         for part in ref[2:].split("/"):
             target = target.get(part.replace("~1", "/").replace("~0", "~"), {}) if isinstance(target, dict) else {}
-        return self.resolve(target, path)
+        return self.resolve(target, path, (*seen, ref))
 
     def merge_all_of(self, node: dict, path: str) -> dict:
         merged = {k: v for k, v in node.items() if k != "allOf"}
@@ -219,10 +243,11 @@ def _avoid_markers(regex: str, markers) -> str:
     return regex.replace(_STRING_INNER, _STRING_INNER.replace('[^"', '[^<"', 1))
 
 
-def schema_regex(schema, *, label: str, avoid=()) -> str:
+def schema_regex(schema, *, label: str, avoid=(), strict: bool = False) -> str:
     """The regex of the JSON texts `schema` accepts, or RequestError naming `label` and the part.
 
-    `avoid`: markers (`</tool_call>`) no string may contain, since they would end the call early."""
+    `avoid`: markers (`</tool_call>`) no string may contain, since they would end the call early;
+    `strict`: refuse the rules outlines-core would drop (UNENFORCED), for a reply promised valid."""
     if schema is True:
         schema = {}
     if not isinstance(schema, dict):
@@ -232,8 +257,11 @@ def schema_regex(schema, *, label: str, avoid=()) -> str:
     except jsonschema.SchemaError as exc:
         where = "/" + "/".join(str(p) for p in exc.path)
         raise RequestError(f"{label}: invalid JSON schema at {where}: {exc.message}") from None
-    rewriter = _Rewriter(schema, label, avoid)
-    rewritten = rewriter.rewrite(schema)
+    rewriter = _Rewriter(schema, label, avoid, strict)
+    try:
+        rewritten = rewriter.rewrite(schema)
+    except RecursionError:  # allOf parts whose $refs lead back to themselves
+        raise RequestError(f"{label}: the schema's allOf/$ref parts refer back to themselves without end") from None
     try:
         regex = build_regex_from_schema(json.dumps(rewritten), whitespace_pattern=_WS)
     except (ValueError, TypeError) as exc:
