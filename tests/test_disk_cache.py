@@ -161,8 +161,27 @@ def test_cache_cli_lists_and_clears(locals_home):
     # A file cut inside its header is listed as damaged (never loaded), so `clear` can free it.
     damaged = next(prompts_dir().rglob("*.kv")).with_name("cut.kv")
     damaged.write_bytes(next(prompts_dir().rglob("*.kv")).read_bytes()[:20])
+    from locals.engine.constrain.compile import disk_folder
+
+    disk_folder().mkdir(parents=True)
+    (disk_folder() / "k.index").write_bytes(b"x" * (3 << 20))  # a compiled automaton
     listed = runner.invoke(app, ["cache", "list"])
     assert listed.exit_code == 0 and "damaged" in listed.output and "77" in listed.output, listed.output
+    assert "automata: 1 files, 3.0 MiB" in listed.output
     cleared = runner.invoke(app, ["cache", "clear"])
     assert cleared.exit_code == 0 and "cleared" in cleared.output
-    assert not list(prompts_dir().rglob("*.kv"))
+    assert not list(prompts_dir().rglob("*.kv")) and not disk_folder().exists()
+
+
+def test_compiled_automata_on_disk_stay_under_their_cap(locals_home):
+    import os
+
+    from locals.engine.constrain.compile import disk_folder, trim_disk
+
+    disk_folder().mkdir(parents=True)
+    for i in range(5):  # oldest first
+        path = disk_folder() / f"{i}.index"
+        path.write_bytes(b"x" * 1000)
+        os.utime(path, (1000 + i, 1000 + i))
+    assert trim_disk(2500) == 3000
+    assert sorted(p.name for p in disk_folder().glob("*.index")) == ["3.index", "4.index"]

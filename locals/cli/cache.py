@@ -1,4 +1,4 @@
-"""`locals cache list|clear`: the prompt KV that locals keeps on disk across restarts."""
+"""`locals cache list|clear`: the prompt KV and compiled constraint automata kept on disk across restarts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from rich.table import Table
 from locals.cli.common import console
 from locals.config import cache_dir
 
-cache_app = typer.Typer(help="Show or clear the prompt cache kept on disk.", no_args_is_help=True)
+cache_app = typer.Typer(help="Show or clear the prompt cache (and compiled tool/schema automata) kept on disk.",
+                        no_args_is_help=True)
 
 
 def prompts_dir():
@@ -40,15 +41,30 @@ def list_cache() -> None:
         count = str(len(tokens)) if isinstance(tokens, list) else "[yellow]damaged[/yellow]"
         table.add_row(path.parent.name, count, f"{stat.st_size / 2**20:.1f} MiB", used)
     console.print(table)
-    console.print(f"{total / 2**20:.1f} MiB in all")
+    automata, automata_bytes = _folder_size(_automata_dir())
+    console.print(f"{total / 2**20:.1f} MiB of prompts; compiled tool/schema automata: {automata} files, "
+                  f"{automata_bytes / 2**20:.1f} MiB ({_automata_dir()})")
+
+
+def _automata_dir():
+    from locals.engine.constrain.compile import disk_folder
+
+    return disk_folder()
+
+
+def _folder_size(root) -> tuple[int, int]:
+    """(files, bytes) under `root`, (0, 0) when it does not exist."""
+    files = [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+    return len(files), sum(p.stat().st_size for p in files)
 
 
 @cache_app.command("clear")
 def clear_cache() -> None:
-    """Delete every cached prompt prefix (the daemon rebuilds what it needs)."""
-    root = prompts_dir()
-    size = sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
-    shutil.rmtree(root, ignore_errors=True)
+    """Delete every cached prompt prefix and compiled automaton (the server rebuilds what it needs)."""
+    size = 0
+    for root in (prompts_dir(), _automata_dir()):
+        size += _folder_size(root)[1]
+        shutil.rmtree(root, ignore_errors=True)
     console.print(f"cleared {size / 2**20:.1f} MiB")
 
 

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 COMPILE_TIMEOUT_S = float(os.environ.get("LOCALS_CONSTRAINT_TIMEOUT", "20"))
 MEMORY_ENTRIES = 128
+# Automata on disk take 5-30 MB each with a 49k-token vocabulary: the least recently used
+# go once the folder passes this (`locals cache clear` empties it).
+DISK_CAP_BYTES = 512 << 20
 _OUTLINES_VERSION = version("outlines_core")
 
 _memory: "OrderedDict[str, CompiledIndex]" = OrderedDict()
@@ -61,15 +64,23 @@ def cache_key(regex: str, vocab: TokenVocab) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def disk_folder():
+    """Where compiled automata are kept across restarts."""
+    return cache_dir() / "constraint"
+
+
 def _disk_path(key: str):
-    folder = cache_dir() / "constraint"
+    folder = disk_folder()
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"{key}.index"
 
 
 def _load_disk(key: str) -> outlines_core.Index | None:
+    path = _disk_path(key)
     try:
-        return pickle.loads(_disk_path(key).read_bytes())
+        index = pickle.loads(path.read_bytes())
+        os.utime(path)  # recently used: trimmed last
+        return index
     except FileNotFoundError:
         return None
     except Exception as exc:  # a stale or torn file is rebuilt, never fatal
@@ -83,8 +94,27 @@ def _save_disk(key: str, index: outlines_core.Index) -> None:
     try:
         tmp.write_bytes(pickle.dumps(index))
         tmp.replace(path)
+        trim_disk(DISK_CAP_BYTES)
     except OSError as exc:
         log.warning("could not write constraint cache entry %s: %s", key, exc)
+
+
+def trim_disk(cap: int) -> int:
+    """Delete the least recently used automata until the folder holds at most `cap` bytes; bytes freed."""
+    files = []
+    for path in disk_folder().glob("*.index"):
+        try:
+            stat = path.stat()
+        except OSError:  # another process trimmed it meanwhile
+            continue
+        files.append((stat.st_mtime, stat.st_size, path))
+    total, freed = sum(size for _, size, _ in files), 0
+    for _, size, path in sorted(files):
+        if total - freed <= cap:
+            break
+        path.unlink(missing_ok=True)
+        freed += size
+    return freed
 
 
 def _build(key: str, regex: str, vocab: TokenVocab) -> CompiledIndex:
