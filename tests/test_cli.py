@@ -113,10 +113,14 @@ def test_generate_answers_paris():
     assert "tok/s" in proc.stderr
 
 
-def test_a_request_that_can_never_fit_is_an_error_not_an_empty_answer():
+def test_a_request_that_can_never_fit_is_an_error_not_an_empty_answer(tmp_path):
     proc = run_cli("generate", "--model", "smollm2", "--prompt", "hi", "--max-tokens", "100000000")
-    _one_clear_line(proc, "max_tokens")
+    _one_clear_line(proc, "--max-tokens")
     assert proc.stdout == ""
+    schema = tmp_path / "person.json"
+    schema.write_text('{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}')
+    proc = run_cli("generate", "--model", "smollm2", "--prompt", "hi", "--schema", str(schema), "--max-tokens", "3")
+    _one_clear_line(proc, "--max-tokens=3 is too small")
 
 
 def test_chat_takes_a_mistyped_command_for_one_and_goes_on():

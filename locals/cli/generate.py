@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from locals.cli.common import console, console_err, load_with_spinner, prepare_model_process
-from locals.errors import LocalsError
+from locals.errors import LocalsError, RequestError
 from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
 
@@ -43,8 +43,13 @@ def _stream(engine, request: GenerationRequest, out=sys.stdout) -> tuple[FinishE
     if finish.reason == "error":
         raise LocalsError(f"generation failed: {finish.error}")
     if finish.reason == "memory":
-        raise LocalsError(finish.error or "this request can never fit in the memory budget; lower --max-tokens")
+        raise LocalsError(_cli_names(finish.error or "this request can never fit in memory; lower max_tokens"))
     return finish, ttft or 0.0
+
+
+def _cli_names(message: str) -> str:
+    """An engine or API message with `max_tokens` spelled as this command's option."""
+    return re.sub(r"`?\bmax_tokens\b`?", "--max-tokens", message)
 
 
 def _sampling(**values) -> SamplingParams:
@@ -85,8 +90,11 @@ def generate(
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": prompt}]
     tokens = encode_prompt(loaded, render_prompt(loaded, messages))
-    constraint = (build_constraint(loaded, json_schema=json_schema, max_tokens=max_tokens)
-                  if json_schema else None)
+    try:
+        constraint = (build_constraint(loaded, json_schema=json_schema, max_tokens=max_tokens)
+                      if json_schema else None)
+    except RequestError as exc:  # the API's field names, as this command spells them
+        raise LocalsError(_cli_names(str(exc))) from None
     request = GenerationRequest(
         prompt_tokens=tokens,
         sampling=sampling,
