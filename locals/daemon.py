@@ -355,8 +355,8 @@ def _wait_healthy(port: int, host: str, timeout: float, record: ServerRecord,
         if body and body.get("status") == "ok":
             return
         if body and body.get("status") == "failed":
-            raise LocalsError(f"the server on port {port} failed: {body.get('error')}"
-                              + (f" (log: {record.log})" if record.log else ""))
+            raise LocalsError(f"the server on port {port} could not start: {body.get('error')}"
+                              + (f" (its log: {record.log})" if record.log else ""))
         if on_wait:
             on_wait(body)
         if _exited(record, proc, started=body is not None):
@@ -394,8 +394,8 @@ def _terminate(pid: int, timeout: float) -> None:
 
 def stop(port: int | None = None, timeout: float = STOP_TIMEOUT_S) -> bool:
     """Stop the server on `port` (default: the remembered one); False if none was running
-    (a stale record is removed all the same). A server that answers but that locals did not
-    start (no `locals serve` on that port behind it) is never signalled: LocalsError."""
+    (a stale record is removed all the same). A server that answers without a `locals serve`
+    process on that port behind it is never signalled: LocalsError."""
     port = port or load_remembered().port
     record = read_record(port)
     body = health(port)
@@ -409,8 +409,9 @@ def stop(port: int | None = None, timeout: float = STOP_TIMEOUT_S) -> bool:
         _terminate(pid, timeout)
     remove_record(port)  # also forgets a stale record of a server that died
     if not ours and body is not None and health(port) is not None:
-        raise LocalsError(f"a locals server answers on port {port} (pid {body.get('pid')}) that `locals start` "
-                          f"did not start; stop it where it runs (Ctrl-C) or with `kill {body.get('pid')}`")
+        raise LocalsError(f"a locals server answers on port {port} (pid {body.get('pid')}), but not from a "
+                          "`locals serve` process here (a script's, another user's); stop it where it runs "
+                          f"(Ctrl-C) or with `kill {body.get('pid')}`")
     return ours
 
 
