@@ -41,6 +41,11 @@ def cache_dir() -> Path:
     return _ensure(_root("cache"))
 
 
+def constraint_dir() -> Path:
+    """Compiled tool/schema automata (not created here: `locals cache list` only looks)."""
+    return cache_dir() / "constraint"
+
+
 def log_dir() -> Path:
     """Daemon logs."""
     return _ensure(_root("log"))

@@ -275,16 +275,23 @@ def _log_size(port: int) -> int:
 
 
 @contextlib.contextmanager
-def port_lock(port: int, on_wait: Callable[[dict | None], None] | None = None):
+def port_lock(port: int, timeout: float, on_wait: Callable[[dict | None], None] | None = None):
     """Held while one `locals start` (or a restart for another model) owns `port`: a second
-    one waits for it, then finds its server, instead of taking it for a stale one."""
+    one waits for it (at most `timeout` s), then finds its server, instead of taking it for a
+    stale one."""
+    deadline = time.monotonic() + timeout
     with open(state_dir() / f"server-{port}.lock", "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if on_wait:
-                on_wait({"status": "starting elsewhere"})
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise LocalsError(f"another `locals start` has been starting the server on port {port} "
+                                      f"for over {timeout:.0f} s; wait for it, or `locals stop --port {port}`")
+                if on_wait:
+                    on_wait({"status": "starting elsewhere"})
+                time.sleep(0.25)
         try:
             yield
         finally:
@@ -308,7 +315,7 @@ def start(model: str | None = None, port: int | None = None, host: str | None = 
     serves; returns its base URL. Raises AlreadyRunning, once it serves, if one answered already."""
     remembered = load_remembered()
     port = port or remembered.port
-    with port_lock(port, on_wait):
+    with port_lock(port, timeout, on_wait):
         return _start(model or remembered.model, port, host or remembered.host or DEFAULT_HOST, timeout, on_wait)
 
 
@@ -360,9 +367,10 @@ def _wait_healthy(port: int, host: str, timeout: float, record: ServerRecord,
         if on_wait:
             on_wait(body)
         if _exited(record, proc, started=body is not None):
-            where = f"the end of {record.log}" if record.log else "its own terminal for the rest"
-            raise LocalsError(f"the server stopped while starting; {where}:\n"
-                              f"{log_tail(port, since=log_start) if record.log else ''}".rstrip())
+            if not record.log:
+                raise LocalsError(f"the server on port {port} stopped while starting; its terminal says why")
+            raise LocalsError(f"the server stopped while starting; the end of {record.log}:\n"
+                              f"{log_tail(port, since=log_start)}")
         time.sleep(0.25)
     raise LocalsError(f"the server did not become ready within {timeout:.0f} s; see {record.log or 'its terminal'}")
 
@@ -408,11 +416,14 @@ def stop(port: int | None = None, timeout: float = STOP_TIMEOUT_S) -> bool:
     if ours:
         _terminate(pid, timeout)
     remove_record(port)  # also forgets a stale record of a server that died
-    if not ours and body is not None and health(port) is not None:
-        raise LocalsError(f"a locals server answers on port {port} (pid {body.get('pid')}), but not from a "
-                          "`locals serve` process here (a script's, another user's); stop it where it runs "
-                          f"(Ctrl-C) or with `kill {body.get('pid')}`")
-    return ours
+    if body is None:
+        return ours
+    if health(port) is None:
+        return True  # it answered and is gone (a service manager may have stopped it above)
+    who = f"pid {body['pid']}" if body.get("pid") else "its pid unknown"
+    raise LocalsError(f"a locals server answers on port {port} ({who}) that locals cannot stop: not a "
+                      "`locals serve` process of yours (a script's, another user's); stop it where it runs"
+                      + (f" (Ctrl-C) or with `kill {body['pid']}`" if body.get("pid") else " (Ctrl-C)"))
 
 
 def same_model(asked: str, serving: str) -> bool:
@@ -432,7 +443,7 @@ def ensure_running(model: str | None = None, port: int | None = None) -> str:
     one), starting or restarting the daemon as needed and waiting until it serves."""
     remembered = load_remembered()
     port = port or remembered.port
-    with port_lock(port):  # two agents' launches at once: the second finds the first one's server
+    with port_lock(port, START_TIMEOUT_S):  # two agents' launches at once: the second finds the first's server
         body = health(port)
         if body is not None and model:
             record = read_record(port)
@@ -444,8 +455,11 @@ def ensure_running(model: str | None = None, port: int | None = None) -> str:
                 stop(port)
                 body = None
         if body is None or body.get("status") == "failed":
-            with contextlib.suppress(AlreadyRunning):  # a foreground `locals serve` got there first
+            try:
                 return _start(model or remembered.model, port, remembered.host or DEFAULT_HOST, START_TIMEOUT_S, None)
+            except AlreadyRunning as exc:  # a foreground `locals serve` got there first
+                if model and not same_model(model, exc.model or ""):
+                    raise
         elif body.get("status") != "ok":
             _wait_healthy(port, DEFAULT_HOST, START_TIMEOUT_S, read_record(port) or ServerRecord(port), None, None)
     save_remembered(Remembered(model=model or remembered.model, port=port, host=remembered.host))

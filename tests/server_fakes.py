@@ -56,8 +56,9 @@ class Constraints:
         self.calls = []
 
     def __call__(self, loaded, *, tools=None, tool_choice="auto", json_schema=None, parallel_tool_calls=True,
-                 max_tokens=None):
+                 max_tokens=None, strict_schema=False):
         self.calls.append({"tools": tools, "tool_choice": tool_choice, "json_schema": json_schema,
+                           "strict_schema": strict_schema,
                            "parallel_tool_calls": parallel_tool_calls, "max_tokens": max_tokens})
         return object()
 

@@ -210,6 +210,7 @@ def test_first_seen_24_tools_wait_only_for_the_head(smollm2):
 
 def test_compiling_now_never_cancels_a_future_other_requests_wait_on(smollm2, locals_home):
     import threading
+    import time
 
     from locals.engine.constrain import compile as compiler
 
@@ -217,6 +218,9 @@ def test_compiling_now_never_cancels_a_future_other_requests_wait_on(smollm2, lo
     release = threading.Event()
     # Keep both workers busy so the next submit stays queued, as a prefetch behind others does.
     blockers = [compiler._run_detached(release.wait, 30) for _ in range(2)]
+    deadline = time.monotonic() + 30
+    while not all(b.running() for b in blockers) and time.monotonic() < deadline:
+        time.sleep(0.01)  # both slots taken before the next submit
     try:
         regex = '"shared-' + str(threading.get_ident()) + '"'
         queued = compiler.submit(regex, vocab)  # what a second request with the same tools waits on
@@ -238,11 +242,12 @@ def test_a_compile_past_its_limit_never_keeps_the_process_alive():
     import sys
     import time
 
-    script = ("import time\n"
+    script = ("import time, types\n"
               "from locals.engine.constrain import compile as c\n"
               "from locals.errors import RequestError\n"
+              "c._build = lambda *args: time.sleep(600)  # a compile that runs for minutes\n"
               "try:\n"
-              "    c.wait(c._run_detached(time.sleep, 600), 'the schema', timeout=0.2)\n"
+              "    c.compile_regex('x', types.SimpleNamespace(fingerprint='f'), 'the schema', timeout=0.2)\n"
               "except RequestError as exc:\n"
               "    print(exc)\n")
     t0 = time.monotonic()

@@ -107,7 +107,23 @@ def test_optional_properties_keep_json_dumps_spacing():
 def test_a_response_format_refuses_rules_the_automaton_would_drop(schema, needle):
     with pytest.raises(RequestError, match=needle):
         schema_regex(schema, label="the response JSON schema", strict=True)
-    schema_regex(schema, label="tool 'x'")  # a tool's schema stays lenient: agents' tools use these
+    schema_regex(schema, label="tool 'x'")  # without strict (tools, non-strict formats): kept, unenforced
+
+
+@pytest.mark.parametrize("schema, needle", [
+    ({"type": "integer", "allOf": [{"multipleOf": 5}]}, "'multipleOf'"),
+    ({"type": "array", "allOf": [{"uniqueItems": True}]}, "'uniqueItems'"),
+    ({"type": "object", "allOf": [{"properties": {"a": {}}}], "required": ["b"]}, "requires 'b'"),
+])
+def test_strict_checks_see_through_all_of(schema, needle):
+    with pytest.raises(RequestError, match=needle):
+        schema_regex(schema, label="r", strict=True)
+
+
+def test_required_names_defined_in_branches_are_not_refused():
+    branches = {"type": "object", "properties": {"a": {"type": "integer"}},
+                "anyOf": [{"required": ["a"]}, {"properties": {"b": {"type": "string"}}, "required": ["b"]}]}
+    schema_regex(branches, label="r", strict=True)
 
 
 def test_a_response_format_keeps_what_it_can_enforce():

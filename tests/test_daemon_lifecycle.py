@@ -98,26 +98,40 @@ def test_start_while_the_model_loads_waits_until_it_serves():
 
 def test_a_second_start_waits_for_the_first(monkeypatch):
     order, waits = [], []
-    release = threading.Event()
+    began, release = threading.Event(), threading.Event()
 
     def slow_start(model, port, *_):
         order.append(("begin", model))
-        release.wait(10)
+        began.set()
+        release.wait(30)
         order.append(("end", model))
         return daemon.base_url(port)
 
     monkeypatch.setattr(daemon, "_start", slow_start)
     first = threading.Thread(target=daemon.start, args=("a", 18603))
-    first.start()
-    time.sleep(0.3)
     second = threading.Thread(target=daemon.start, args=("b", 18603), kwargs={"on_wait": waits.append})
-    second.start()
-    time.sleep(0.3)
-    assert order == [("begin", "a")] and waits == [{"status": "starting elsewhere"}]
-    release.set()
-    first.join(10)
-    second.join(10)
+    try:
+        first.start()
+        assert began.wait(30)
+        second.start()
+        deadline = time.monotonic() + 30
+        while not waits and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert order == [("begin", "a")] and waits[0] == {"status": "starting elsewhere"}
+    finally:
+        release.set()
+        first.join(30)
+        second.join(30)  # before the patch goes: a waiting start must never reach the real one
     assert order == [("begin", "a"), ("end", "a"), ("begin", "b"), ("end", "b")]
+
+
+def test_a_start_waiting_for_another_gives_up_at_its_timeout():
+    with daemon.port_lock(18606, timeout=5):
+        t0 = time.monotonic()
+        with pytest.raises(LocalsError, match="another `locals start`"):
+            with daemon.port_lock(18606, timeout=0.5):
+                pass
+        assert time.monotonic() - t0 < 5
 
 
 def test_start_without_a_model_takes_the_remembered_one(monkeypatch):
@@ -136,3 +150,14 @@ def test_a_failed_start_shows_only_its_own_log_lines():
         out.write("error: this start's reason\n")
     assert daemon.log_tail(18605, since=size) == "error: this start's reason"
     assert "yesterday" in daemon.log_tail(18605)
+
+
+def test_stop_of_a_server_its_service_manager_stopped_says_stopped(monkeypatch, stranger):
+    server = _fake_server(lambda path: (200, {"status": "ok", "service": "locals", "model": "m",
+                                              "pid": stranger.pid}))
+    port = server.server_port
+    daemon.write_record(daemon.ServerRecord(port=port, mode="systemd", pid=stranger.pid))
+    # `systemctl --user stop` waits until the unit is gone: the server answers no more.
+    monkeypatch.setattr(daemon, "_unload_service", lambda record: server.shutdown() or server.server_close())
+    assert daemon.stop(port) is True
+    assert stranger.poll() is None and daemon.read_record(port) is None

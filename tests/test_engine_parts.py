@@ -129,9 +129,12 @@ def test_sampling_respects_mask_and_top_k():
 def test_a_vanishing_temperature_is_greedy_not_garbage():
     logits = mx.array([[0.0, 5.0, 1.0, 3.0]] * 2)
     key = mx.random.key(0)
-    for temperature in (1e-45, 1e-9):  # 1e-45 is a float32 zero: the division made every logit inf
+    for temperature in (1e-45, 1e-9):  # 1e-45, a denormal, flushed to zero: every logit became inf
         out = sample(logits, [RowSampling(temperature, 1.0, 0, 0.0, key), RowSampling(1e-45, 0.9, 2, 0.0, key)])
         assert out.tokens.tolist() == [1, 1]
+    mixed = mx.array([[0.0, 5.0, 1.0, 3.0], [0.0, 50.0, 1.0, 3.0]])  # one row samples, one is greedy
+    out = sample(mixed, [RowSampling(1e-45, 1.0, 0, 0.0, key), RowSampling(1.0, 1.0, 0, 0.0, key)])
+    assert out.tokens.tolist() == [1, 1]
 
 
 def test_top_p_and_min_p_cut_the_tail():

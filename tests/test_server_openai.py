@@ -106,16 +106,19 @@ async def test_tool_choice_none_leaves_text_alone(client, engine, constraints):
     assert constraints.calls == []
 
 
-@pytest.mark.parametrize("fmt, schema", [
-    ({"type": "json_object"}, {"type": "object"}),
+@pytest.mark.parametrize("fmt, schema, strict", [
+    ({"type": "json_object"}, {"type": "object"}, False),
     ({"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "object", "properties": {
-        "a": {"type": "integer"}}}}}, {"type": "object", "properties": {"a": {"type": "integer"}}}),
+        "a": {"type": "integer"}}}}}, {"type": "object", "properties": {"a": {"type": "integer"}}}, False),
+    ({"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {"type": "object"}}},
+     {"type": "object"}, True),
 ])
-async def test_response_format_builds_a_schema_constraint(client, engine, constraints, fmt, schema):
+async def test_response_format_builds_a_schema_constraint(client, engine, constraints, fmt, schema, strict):
     engine.replies = ['{"a": 1}']
     data = await (await chat(client, response_format=fmt)).json()
     assert data["choices"][0]["message"]["content"] == '{"a": 1}'
     assert constraints.calls[0]["json_schema"] == schema and engine.requests[0].constraint is not None
+    assert constraints.calls[0]["strict_schema"] is strict
 
 
 async def test_stop_and_max_tokens(client, engine):

@@ -47,9 +47,9 @@ def list_cache() -> None:
 
 
 def _automata_dir():
-    from locals.engine.constrain.compile import disk_folder
+    from locals.config import constraint_dir  # not the compiler: it imports MLX (seconds)
 
-    return disk_folder()
+    return constraint_dir()
 
 
 def _folder_size(root) -> tuple[int, int]:

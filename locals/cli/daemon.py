@@ -27,10 +27,10 @@ def start(
     phase = {"text": "starting the server…"}
 
     def on_wait(body: dict | None) -> None:
-        if body and body.get("status") == "loading":
-            phase["text"] = f"loading {body.get('model')}…"
-        elif body and body.get("status") == "starting elsewhere":
-            phase["text"] = "another `locals start` is starting the server; waiting for it…"
+        state = (body or {}).get("status")
+        phase["text"] = (f"loading {body.get('model')}…" if state == "loading" else
+                         "another `locals start` is starting the server; waiting for it…"
+                         if state == "starting elsewhere" else "starting the server…")
         spinner.update(phase["text"])
 
     t0 = time.monotonic()

@@ -91,7 +91,7 @@ def generate(
         {"role": "user", "content": prompt}]
     tokens = encode_prompt(loaded, render_prompt(loaded, messages))
     try:
-        constraint = (build_constraint(loaded, json_schema=json_schema, max_tokens=max_tokens)
+        constraint = (build_constraint(loaded, json_schema=json_schema, max_tokens=max_tokens, strict_schema=True)
                       if json_schema else None)
     except RequestError as exc:  # the API's field names, as this command spells them
         raise LocalsError(_cli_names(str(exc))) from None

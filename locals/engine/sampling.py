@@ -15,8 +15,8 @@ import mlx.core as mx
 from locals.engine.rowfeed import RowOf, join_rows
 
 _split = mx.vmap(lambda key: mx.random.split(key))
-# Temperatures at or below this draw greedily: they are greedy in effect, and 1e-45 (a float32
-# zero) turned every logit into inf, so the draw returned token 0 (end-of-text garbage).
+# Temperatures at or below this draw greedily: they are greedy in effect, and 1e-45 (a denormal,
+# flushed to zero) turned every logit into inf, so the draw returned token 0 (end-of-text garbage).
 GREEDY_BELOW = 1e-4
 
 

@@ -35,6 +35,7 @@ class Chat:
     tools: list[dict] | None = None  # OpenAI shape: {"type": "function", "function": {...}}
     tool_choice: Any = "auto"
     json_schema: dict | None = None
+    strict_schema: bool = False  # the client asked for `strict` output: refuse rules it cannot enforce
     parallel_tool_calls: bool = True
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompt_tokens: int = 0  # set once prepared (Anthropic's message_start reports it)
@@ -162,7 +163,7 @@ class Backend:
                 self.loaded, tools=chat.tools if chat.parses_tools else None,
                 tool_choice=chat.tool_choice if chat.parses_tools else "auto",
                 json_schema=chat.json_schema, parallel_tool_calls=chat.parallel_tool_calls,
-                max_tokens=sampling.max_tokens)
+                max_tokens=sampling.max_tokens, strict_schema=chat.strict_schema)
         return GenerationRequest(prompt_tokens=tokens, sampling=sampling, constraint=constraint,
                                  cache_points=points,
                                  meta={"api": chat.api, "raw": chat.prompt is not None or chat.continue_final})

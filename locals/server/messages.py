@@ -148,6 +148,13 @@ def openai_tool_choice(value: Any) -> Any:
     raise RequestError("`tool_choice` must be auto, none, required or a named function")
 
 
+def strict_response_format(fmt: Any) -> bool:
+    """Whether a `json_schema` response format sets `strict: true` (OpenAI's own strict mode
+    refuses what it cannot enforce; so does locals then)."""
+    holder = fmt.get("json_schema", fmt) if isinstance(fmt, dict) else None
+    return isinstance(holder, dict) and holder.get("strict") is True
+
+
 def schema_of_response_format(fmt: Any) -> dict | None:
     """The JSON schema a `response_format` (chat) or `text.format` (responses) asks for."""
     if fmt is None:

@@ -14,7 +14,8 @@ from locals.protocol import SamplingParams, TokenLogprob, Usage
 from locals.server.backend import Backend, Chat, Done, Text, guard_detail, start
 from locals.server.wire import get, read_json, stop_list
 from locals.server.messages import (DEFAULT_MAX_TOKENS, openai_messages, openai_tool_choice,
-                                    openai_tools, schema_of_response_format)
+                                    openai_tools, schema_of_response_format,
+                                    strict_response_format)
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -81,6 +82,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 tools=openai_tools(body.get("tools")),
                 tool_choice=openai_tool_choice(body.get("tool_choice")),
                 json_schema=schema_of_response_format(body.get("response_format")),
+                strict_schema=strict_response_format(body.get("response_format")),
                 parallel_tool_calls=get(body, "parallel_tool_calls", bool, True),
                 sampling=sampling_of(body))
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),

@@ -17,7 +17,7 @@ from locals.protocol import Usage
 from locals.server.backend import Chat, Completion, Done, Text, start
 from locals.server.wire import get, read_json
 from locals.server.messages import (assistant_call, openai_tool_choice, openai_tools,
-                                    schema_of_response_format, text_of)
+                                    schema_of_response_format, strict_response_format, text_of)
 from locals.server.openai import sampling_of
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
@@ -105,6 +105,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     chat = Chat(api="responses", messages=input_messages(body), tools=openai_tools(body.get("tools")),
                 tool_choice=openai_tool_choice(body.get("tool_choice")),
                 json_schema=schema_of_response_format(text_opts.get("format")),
+                strict_schema=strict_response_format(text_opts.get("format")),
                 parallel_tool_calls=get(body, "parallel_tool_calls", bool, True),
                 sampling=sampling_of(body))
     meta = {"id": f"resp_{uuid.uuid4().hex[:24]}", "created_at": int(time.time()),

@@ -73,7 +73,7 @@ def _fits_budget(constraint, max_tokens: int | None, what: str):
 
 def build_constraint(loaded, *, tools: list[dict] | None = None, tool_choice="auto",
                      json_schema: dict | None = None, parallel_tool_calls: bool = True,
-                     max_tokens: int | None = None):
+                     max_tokens: int | None = None, strict_schema: bool = False):
     """The TokenConstraint for a request, or None when nothing is constrained.
 
     `tools` are OpenAI-shaped; `tool_choice` is "auto" (free text until a call starts),
@@ -81,7 +81,8 @@ def build_constraint(loaded, *, tools: list[dict] | None = None, tool_choice="au
     constrains the whole output to one JSON value (ignored while tools are constrained).
     With `max_tokens`, the last tokens are spent on the shortest valid completion, so an
     output cut off by the limit still parses (the constraint's `closed_by_budget` is then
-    True). Raises RequestError naming the schema part that cannot be enforced or takes too long.
+    True). Raises RequestError naming the schema part that cannot be enforced or takes too long
+    (with `strict_schema`, also the rules the automaton would drop: schema.UNENFORCED).
     """
     mode, named = _choice(tool_choice)
     vocab = token_vocab(loaded.tokenizer, loaded.vocab_size)
@@ -103,7 +104,7 @@ def build_constraint(loaded, *, tools: list[dict] | None = None, tool_choice="au
                                         max_tokens=max_tokens)
         return _fits_budget(constraint, max_tokens, "a tool call") if mode == "required" else constraint
     if json_schema is not None:
-        regex = schema_regex(json_schema, label="the response JSON schema", strict=True)
+        regex = schema_regex(json_schema, label="the response JSON schema", strict=strict_schema)
         index = compiler.compile_regex(regex, vocab, label="the response JSON schema")
         constraint = JsonConstraint(index, DeviceRow(token_row(vocab, vocab.eos_ids)), max_tokens=max_tokens)
         return _fits_budget(constraint, max_tokens, "the response JSON schema")

@@ -9,18 +9,20 @@ time, but never keeps a finished process (`locals generate`) from exiting.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import pickle
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from importlib.metadata import version
 
 import outlines_core
 
-from locals.config import cache_dir
+from locals.config import constraint_dir
 from locals.engine.constrain.index import CompiledIndex
 from locals.engine.constrain.vocab import TokenVocab
 from locals.errors import RequestError
@@ -66,7 +68,7 @@ def cache_key(regex: str, vocab: TokenVocab) -> str:
 
 def disk_folder():
     """Where compiled automata are kept across restarts."""
-    return cache_dir() / "constraint"
+    return constraint_dir()
 
 
 def _disk_path(key: str):
@@ -79,13 +81,14 @@ def _load_disk(key: str) -> outlines_core.Index | None:
     path = _disk_path(key)
     try:
         index = pickle.loads(path.read_bytes())
-        os.utime(path)  # recently used: trimmed last
-        return index
     except FileNotFoundError:
         return None
     except Exception as exc:  # a stale or torn file is rebuilt, never fatal
         log.warning("ignoring unreadable constraint cache entry %s: %s", key, exc)
         return None
+    with contextlib.suppress(OSError):
+        os.utime(path)  # recently used: trimmed last
+    return index
 
 
 def _save_disk(key: str, index: outlines_core.Index) -> None:
@@ -101,13 +104,16 @@ def _save_disk(key: str, index: outlines_core.Index) -> None:
 
 def trim_disk(cap: int) -> int:
     """Delete the least recently used automata until the folder holds at most `cap` bytes; bytes freed."""
-    files = []
-    for path in disk_folder().glob("*.index"):
+    files, now = [], time.time()
+    for path in disk_folder().glob("*"):
         try:
             stat = path.stat()
+            if path.suffix == ".tmp" and now - stat.st_mtime > 3600:  # a write cut off by an exit
+                path.unlink()
         except OSError:  # another process trimmed it meanwhile
             continue
-        files.append((stat.st_mtime, stat.st_size, path))
+        if path.suffix == ".index":
+            files.append((stat.st_mtime, stat.st_size, path))
     total, freed = sum(size for _, size, _ in files), 0
     for _, size, path in sorted(files):
         if total - freed <= cap:

@@ -23,9 +23,9 @@ from locals.errors import RequestError
 
 UNSUPPORTED = ("not", "if", "then", "else", "contains", "dependentSchemas", "propertyNames",
                "unevaluatedProperties", "unevaluatedItems")
-# Rules outlines-core drops without a word. A response format (strict) refuses them, since
-# the reply promises to be valid; a tool's schema keeps its old leniency, as agents' tools
-# use them and the call is still a well-formed value of the right shape.
+# Rules outlines-core drops without a word. A strict response format (`--schema`, OpenAI's
+# `strict: true`) refuses them, since its reply promises to be valid; other schemas keep them
+# unenforced (pydantic writes `uniqueItems` for a set; the value still has the right shape).
 UNENFORCED = ("multipleOf", "minProperties", "maxProperties", "dependentRequired", "dependencies")
 # A private-use character marks whitespace slots; `_pin_whitespace` replaces it.
 _WS = "\ue000"
@@ -69,10 +69,10 @@ class _Rewriter:
             if key in node:
                 raise self.fail(path, f"uses '{key}', which constrained decoding does not support; "
                                       "remove it or describe the rule in the description instead")
-        if self.strict:
-            self.refuse_unenforced(node, path)
         if "allOf" in node:
             node = self.merge_all_of(node, path)
+        if self.strict:  # after the merge: a rule inside an allOf part counts too
+            self.refuse_unenforced(node, path)
         out = {}
         for key, value in node.items():
             if key in ("properties", "$defs", "definitions", "patternProperties"):
@@ -93,7 +93,8 @@ class _Rewriter:
             raise self.fail(path, f"uses '{used[0]}', which constrained decoding cannot enforce; remove it "
                                   "(and check the rule on the reply) or describe it in the description")
         missing = [name for name in node.get("required") or [] if name not in (node.get("properties") or {})]
-        if missing and "allOf" not in node:
+        described = "properties" in node or node.get("type") == "object"  # not a branch of a parent's
+        if missing and described and not any(key in node for key in ("anyOf", "oneOf", "$ref")):
             raise self.fail(path, f"requires {missing[0]!r} without a schema for it in 'properties'; add one")
         if node.get("enum") == []:
             raise self.fail(path, "has an empty 'enum', which no value matches")
