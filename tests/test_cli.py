@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -131,3 +132,12 @@ def test_chat_takes_a_mistyped_command_for_one_and_goes_on():
     assert proc.returncode == 0, proc.stderr
     assert "unknown command /help" in proc.stderr and "/reset" in proc.stderr
     assert "(cut at --max-tokens)" in proc.stderr  # the one real turn, cut at 4 tokens
+
+
+def test_a_prompt_of_dash_is_read_from_stdin():
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-m", "locals", "generate", "--model", "smollm2", "-p", "-",
+                           "--max-tokens", "8", "-t", "0"], input="What is the capital of France?\n",
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout or "capital" in proc.stdout, proc.stdout  # it answered the question

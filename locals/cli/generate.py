@@ -71,7 +71,7 @@ def _report(finish: FinishEvent, ttft: float, elapsed: float) -> None:
 
 
 def generate(
-    prompt: str = typer.Option(..., "--prompt", "-p", help="The user message to answer."),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The user message to answer (- reads it from stdin)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Alias, HF repo, folder or GGUF file."),
     max_tokens: int = typer.Option(256, "--max-tokens", help="Most tokens to generate."),
     temperature: float = typer.Option(0.7, "--temperature", "-t", help="0 = greedy."),
@@ -82,7 +82,9 @@ def generate(
 ) -> None:
     """Answer one prompt, streaming to stdout; speed and token counts go to stderr."""
     sampling = _sampling(temperature=temperature, top_p=top_p, seed=seed, max_tokens=max_tokens)
-    prepare_model_process()
+    prepare_model_process()  # may re-exec this process: stdin is read after it
+    if prompt == "-":  # `git diff | locals generate -p -`
+        prompt = sys.stdin.read().strip()
     json_schema = _read_schema(schema) if schema else None
     loaded = load_with_spinner(model)
     from locals.engine import build_constraint, create_engine, encode_prompt, render_prompt
