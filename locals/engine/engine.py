@@ -39,8 +39,7 @@ log = logging.getLogger(__name__)
 Sink = Callable[[Event], None]
 # How long stop() waits for pending disk writes (16k tokens of a 4B model: 2.4 GB); the rest is never half-written.
 FLUSH_TIMEOUT_S = 60.0
-# Sampled tokens without forced ones after which a constrained row is taken to be writing a
-# value, where the next pass can be queued before its token is read (`_masks_can_follow`).
+# Unforced tokens in a row after which a constrained row is writing a value (`_masks_can_follow` may queue early).
 FREE_RUN = 8
 
 
@@ -216,9 +215,11 @@ class Engine:
 
     def _norms_in_matmuls(self) -> int:
         """Linears whose tuned kernel also does the residual add + norm after them (kernels/normfold.py)."""
+        if not self.patched_layers:
+            return 0  # nothing tuned (a CPU): the kernel modules need not even be imported
         from locals.engine.kernels.registry import folded_norm_count
 
-        return folded_norm_count(self.model) if self.patched_layers else 0
+        return folded_norm_count(self.model)
 
     def stats(self) -> EngineStats:
         c = self.counters
