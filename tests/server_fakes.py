@@ -142,7 +142,8 @@ def sse_events(text: str) -> list[tuple[str | None, str]]:
                 event = line[7:]
             elif line.startswith("data: "):
                 data.append(line[6:])
-        out.append((event, "\n".join(data)))
+        if event is not None or data:  # a block of comments only (": keep-alive") is no event
+            out.append((event, "\n".join(data)))
     return out
 
 

@@ -247,3 +247,39 @@ def test_smollm2_stop_string_held_back_and_batched(smollm2):
         assert c.tokens(b) == run_alone(eng, other, max_tokens=10)[0]
     finally:
         eng.stop()
+
+
+def test_a_cancelled_prompt_read_is_resumed_by_the_same_prompt_again(tiny_llama):
+    """A client that timed out while its long prompt was read sends it again: the second read
+    starts where the first stopped, and the reply is the same as a cold one."""
+    prompt = make_prompts(tiny_llama.tokenizer, [200])[0]
+    settings = dict(step_token_budget=4, min_prefill_chunk=4)  # 32-token chunks when alone: 7 steps
+    cold = Engine(tiny_llama, EngineConfig(**settings, prefix_cache_bytes=0))
+    cold.start()
+    try:
+        expected, _, _ = run_alone(cold, prompt, max_tokens=6)
+    finally:
+        cold.stop()
+    eng = Engine(tiny_llama, EngineConfig(**settings))
+    c = Collector()
+    request = GenerationRequest(prompt, SamplingParams(max_tokens=6))
+    rid = request.id
+    process, steps = eng._process, []
+
+    def cancel_after_two_steps(step):
+        process(step)
+        steps.append(step)
+        if len(steps) == 2:
+            eng.cancel(rid)
+
+    eng._process = cancel_after_two_steps
+    eng.start()
+    try:
+        c.submit(eng, request)
+        c.wait()
+        assert c.finish(rid).reason == "cancelled" and c.tokens(rid) == []
+        tokens, _, finish = run_alone(eng, prompt, max_tokens=6)
+    finally:
+        eng.stop()
+    assert 32 <= finish.usage.cached_tokens < len(prompt) - 1
+    assert tokens == expected

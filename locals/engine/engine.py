@@ -487,8 +487,10 @@ class Engine:
             c.requests_finished += 1
             c.generated_tokens_total += len(seq.generated)
             c.finish_reasons[seq.finish_reason] = c.finish_reasons.get(seq.finish_reason, 0) + 1
-            if seq.finish_reason in ("stop", "length") and seq.kv.offset > 0:
-                self._insert_prefix(seq, min(seq.kv.offset, len(seq.all_tokens())))
+            if seq.kv.offset > 0 and seq.finish_reason in ("stop", "length", "cancelled"):
+                # A cancelled request keeps the prompt it read: a client that timed out and resends it resumes there.
+                end = len(seq.prompt) if seq.finish_reason == "cancelled" else len(seq.all_tokens())
+                self._insert_prefix(seq, min(seq.kv.offset, end))
             seq.kv.release()
             seq.kv = None  # the KV goes as soon as no queued step needs it
         self._kv_bytes = sum(s.kv.nbytes for s in self._active)

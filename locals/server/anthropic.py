@@ -192,6 +192,7 @@ async def _stream(request: web.Request, outputs, msg_id: str, model: str,
         "id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
         "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}})
     await send("ping")
+    outputs.keep_alive = lambda: send("ping")  # as Anthropic's own streams do while they think
     index, text_open = 0, False
     async for out in outputs:
         if isinstance(out, Text) and out.text:

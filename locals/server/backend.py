@@ -12,7 +12,7 @@ import logging
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from locals import toolloop
 from locals.errors import RequestError, TooLarge
@@ -23,6 +23,9 @@ from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
 
 log = logging.getLogger(__name__)
 STOPPED_MESSAGE = "the server stopped before this reply was finished; send the request again once it is back"
+# A streamed reply silent this long (a long prompt still being read, a long tool call being
+# written) sends its API's keep-alive, so that clients' idle timeouts do not fire and retry.
+HEARTBEAT_S = 10.0
 
 
 @dataclass
@@ -62,6 +65,7 @@ class Done:
 
 
 Output = Text | ToolCall | Done
+ACCEPTED = object()  # `run(..., announce=True)` yields it once the request is prepared and queued
 
 
 @dataclass
@@ -168,8 +172,9 @@ class Backend:
                                  cache_points=points,
                                  meta={"api": chat.api, "raw": chat.prompt is not None or chat.continue_final})
 
-    async def run(self, chat: Chat) -> AsyncIterator[Output]:
-        """Stream a chat's outputs; closing the iterator early cancels it in the engine."""
+    async def run(self, chat: Chat, announce: bool = False) -> AsyncIterator[Output]:
+        """Stream a chat's outputs; closing the iterator early cancels it in the engine.
+        With `announce`, ACCEPTED comes first once the request is valid (bad input raised before)."""
         if chat.messages and chat.tools:
             state, loop = toolloop.check(chat.messages)
             if state == "stop":
@@ -188,6 +193,8 @@ class Backend:
         finish, usage = "cancelled", Usage(prompt_tokens=len(request.prompt_tokens))
         submitted, first_at = time.perf_counter(), None
         try:
+            if announce:
+                yield ACCEPTED
             # aclosing: leaving early (client gone) closes the engine stream, which cancels.
             async with aclosing(self.engine.stream(request)) as events:
                 async for event in events:
@@ -260,21 +267,43 @@ def _wrap(piece: str | ToolCall) -> Text | ToolCall:
 
 
 class Started:
-    """A running chat whose first output is already in, so bad input has raised (as a 4xx)
-    before a streamed reply sends its 200; use with `contextlib.aclosing`."""
+    """A running chat whose input was accepted, so bad input has raised (as a 4xx) before a
+    streamed reply sends its 200; use with `contextlib.aclosing`. While no output comes for
+    HEARTBEAT_S, iterating awaits `keep_alive` (set it once the stream is open)."""
 
-    def __init__(self, outputs: AsyncIterator[Output], first: Output):
+    def __init__(self, outputs: AsyncIterator[Output], first: Output | None):
         self._outputs, self._first = outputs, first
+        self._pending: asyncio.Future | None = None
+        self.keep_alive: Callable[[], Awaitable[None]] | None = None
 
     async def __aiter__(self):
-        yield self._first
-        async for out in self._outputs:
+        if self._first is not None:
+            yield self._first
+        while True:
+            # The next output is awaited in a task of its own, so that waiting for it can time
+            # out without cancelling the chat (a cancelled `anext` would end the generator).
+            self._pending = self._pending or asyncio.ensure_future(anext(self._outputs, None))
+            done, _ = await asyncio.wait({self._pending}, timeout=HEARTBEAT_S)
+            if not done:
+                if self.keep_alive is not None:
+                    await self.keep_alive()
+                continue
+            out, self._pending = self._pending.result(), None
+            if out is None:
+                return
             yield out
 
     async def aclose(self) -> None:
-        await self._outputs.aclose()  # a client that left: cancels the request in the engine
+        """A client that left: cancels the request in the engine."""
+        if self._pending is not None:
+            self._pending.cancel()  # raises in the chat where it waits, which closes its engine stream
+            await asyncio.gather(self._pending, return_exceptions=True)
+            self._pending = None
+        await self._outputs.aclose()
 
 
 async def start(backend: Backend, chat: Chat) -> Started:
-    outputs = backend.run(chat)
-    return Started(outputs, await anext(outputs))
+    """The chat started, once its request is prepared (a RequestError raises here, before any reply)."""
+    outputs = backend.run(chat, announce=True)
+    first = await anext(outputs)
+    return Started(outputs, None if first is ACCEPTED else first)

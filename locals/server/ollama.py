@@ -109,23 +109,25 @@ async def _reply(request: web.Request, backend: Backend, chat: Chat, model: str,
         return web.json_response(out)
     async with aclosing(await start(backend, chat)) as outputs:
         lines = await EventStream(request, ndjson=True).open()
+        outputs.keep_alive = lambda: lines.send(_piece(model, key, ""))  # an empty piece, as NDJSON has no comments
         async for out in outputs:
             await _send_line(lines, out, model, key, started)
     return await lines.close()
 
 
-async def _send_line(lines: EventStream, out, model: str, key: str, started: float) -> None:
-    def piece(content: str, calls: list | None = None) -> dict:
-        body = {"role": "assistant", "content": content}
-        if calls:
-            body["tool_calls"] = calls
-        return {"model": model, "created_at": _now(),
-                key: body if key == "message" else content, "done": False}
+def _piece(model: str, key: str, content: str, calls: list | None = None) -> dict:
+    """One streamed line of a reply that is not done: `message` (chat) or `response` (generate)."""
+    body = {"role": "assistant", "content": content}
+    if calls:
+        body["tool_calls"] = calls
+    return {"model": model, "created_at": _now(), key: body if key == "message" else content, "done": False}
 
+
+async def _send_line(lines: EventStream, out, model: str, key: str, started: float) -> None:
     if isinstance(out, Text) and out.text:
-        await lines.send(piece(out.text))
+        await lines.send(_piece(model, key, out.text))
     elif isinstance(out, ToolCall):
-        await lines.send(piece("", [_call_json(out)]))
+        await lines.send(_piece(model, key, "", [_call_json(out)]))
     elif isinstance(out, Done):
         if out.reason == "error":
             await lines.send({"error": out.error or "generation failed"})

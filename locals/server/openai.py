@@ -108,6 +108,7 @@ async def _stream_chat(request: web.Request, backend: Backend, chat: Chat, meta:
                        include_usage: bool) -> web.StreamResponse:
     async with aclosing(await start(backend, chat)) as outputs:
         stream = await EventStream(request).open()
+        outputs.keep_alive = stream.comment
         await _send_chat_chunks(stream, backend, outputs, meta, include_usage)
     await stream.send("[DONE]")
     return await stream.close()
@@ -157,6 +158,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if get(body, "stream", bool, False):
         async with aclosing(await start(backend, chat)) as outputs:
             stream = await EventStream(request).open()
+            outputs.keep_alive = stream.comment
             async for out in outputs:
                 if isinstance(out, Text) and out.text:
                     await stream.send({**meta, "choices": [{"index": 0, "text": out.text,

@@ -178,7 +178,10 @@ async def _stream(request: web.Request, chat: Chat, meta: dict, backend) -> web.
     async with aclosing(await start(backend, chat)) as outputs:
         events = _ResponseEvents(await EventStream(request).open(), meta)
         await events.send("response.created", response=_response(meta, "in_progress", [], None))
-        await events.send("response.in_progress", response=_response(meta, "in_progress", [], None))
+        # Sent again while the reply is silent: a comment does not reset clients' idle timers (Codex's).
+        outputs.keep_alive = lambda: events.send("response.in_progress",
+                                                 response=_response(meta, "in_progress", [], None))
+        await outputs.keep_alive()
         async for out in outputs:
             await _send_output(events, meta, out)
     return await events.stream.close()

@@ -40,6 +40,10 @@ class EventStream:
             chunk = (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
         await self.response.write(chunk.encode())
 
+    async def comment(self) -> None:
+        """An SSE comment line: keeps a silent stream's connection busy; clients skip it."""
+        await self.response.write(b": keep-alive\n\n")
+
     async def close(self) -> web.StreamResponse:
         await self.response.write_eof()
         return self.response
