@@ -27,7 +27,8 @@ parts=${1:-tune,decode,long}
 model=${2:-qwen3-4b}
 long=${LONG_TOKENS:-8192}
 python3 -c 'import mlx.core as mx; print("device:", mx.default_device(), mx.__version__)'
-save() { if [ -n "${OUT:-}" ]; then cp benchmarks/results/*.json "$OUT"/ 2>/dev/null; fi; }
+stamp=$(mktemp)  # only this run's results go to $OUT (all of them would pass what comes back)
+save() { if [ -n "${OUT:-}" ]; then find benchmarks/results -name '*.json' -newer "$stamp" -exec cp {} "$OUT"/ \;; fi; }
 shapes() {
   # The quantized layers the engine runs for a random Qwen3 of this shape: joined q/k/v, o,
   # joined gate/up, down (locals/engine/fuse.py), and the tied lm_head (vocab x hidden).

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import MODEL, LocalsServer, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -48,6 +49,7 @@ KNOWN = {
 API_OF = {"/v1/chat/completions": "openai", "/v1/messages": "anthropic", "/v1/responses": "responses"}
 UNFINISHED = {"running", "cancelled", "error"}
 HERMES_MIN_CONTEXT = 64000  # Hermes Agent refuses to start on a smaller window
+REPLY_CAP = 192  # tokens: the tools' replies are not judged, the wire is
 
 
 def _answered(log: Path, offset: int, api_path: str) -> list[str]:
@@ -82,9 +84,24 @@ def _finished_since(server, api: str, since: float) -> list[dict]:
     return [r for r in recent if r["api"] == api and r["started"] >= since and r["finish"] not in UNFINISHED]
 
 
+@pytest.fixture(scope="module")
+def tools_server(tmp_path_factory, locals_server):
+    """A daemon whose replies stop at REPLY_CAP tokens: some tools (Codex) send no limit, and
+    the embedded model on a CPU writes ~3 tokens/s after their 6k-token prompts, so a reply up
+    to the context's end would take longer than the test waits."""
+    home = tmp_path_factory.mktemp("tools-home")
+    env = {**locals_server.env, "LOCALS_HOME": str(home), "LOCALS_MAX_TOKENS": str(REPLY_CAP)}
+    server = LocalsServer(port=free_port(), home=home, env=env)
+    started = server.cli("start", "--model", MODEL, "--port", str(server.port))
+    assert started.returncode == 0, started.stderr
+    yield server
+    server.cli("stop", "--port", str(server.port), timeout=60)
+
+
 @pytest.mark.timeout(TIMEOUT_S + 120)
 @pytest.mark.parametrize("tool", [pytest.param(t, marks=KNOWN.get(t, ())) for t in CASES])
-def test_tool_completes_a_request_through_locals(tool, locals_server, tmp_path):
+def test_tool_completes_a_request_through_locals(tool, tools_server, tmp_path):
+    locals_server = tools_server
     executable, api_path, extra = CASES[tool]
     if not (TOOLS_BIN / executable).exists() and shutil.which(executable) is None:
         pytest.skip(f"{executable} is not installed; run e2e/setup_tools.sh")

@@ -141,3 +141,20 @@ async def test_the_anthropic_sdk_reads_a_stream_with_pings(client):
         text = "".join([piece async for piece in stream.text_stream])
     assert text == "Hello"
     await sdk.close()
+
+
+async def test_the_servers_max_tokens_caps_every_reply():
+    """`serve --max-tokens`: a request asking for more (or naming no limit) gets the cap."""
+    engine = ScriptedEngine(replies=["a long reply", "another long reply"])
+    state = make_state(engine)
+    state.backend.max_tokens = 4
+    client = await start_client(state)
+    try:
+        asked = await client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES,
+                                                                "max_tokens": 100})
+        unnamed = await client.post("/v1/responses", json={"model": "m", "input": "hi"})
+        assert (await asked.json())["choices"][0]["finish_reason"] == "length"
+        assert (await unnamed.json())["incomplete_details"] == {"reason": "max_output_tokens"}
+    finally:
+        await client.close()
+    assert [r.sampling.max_tokens for r in engine.requests] == [4, 4]

@@ -58,6 +58,9 @@ def serve(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LOCALS_API_KEY",
                                           help="Require this key (Bearer or x-api-key)."),
     max_body_mb: int = typer.Option(32, "--max-body-mb", help="Largest request body accepted."),
+    max_tokens: Optional[int] = typer.Option(
+        None, "--max-tokens", envvar="LOCALS_MAX_TOKENS", min=1,
+        help="Longest reply any request gets, whatever it asks (clients such as Codex send no limit)."),
     log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
     """Run the server in the foreground (takes mlx_lm.server's --model/--host/--port)."""
@@ -70,7 +73,7 @@ def serve(
 
     try:
         run_server(model, host, port, api_key=api_key, allow_remote=allow_remote,
-                   max_body_mb=max_body_mb, on_bound=lambda _: daemon.mark_serving(port, host, model))
+                   max_body_mb=max_body_mb, max_tokens=max_tokens, on_bound=lambda _: daemon.mark_serving(port, host, model))
     finally:
         daemon.unmark_serving(port)
 

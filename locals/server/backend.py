@@ -91,7 +91,7 @@ class Backend:
 
     def __init__(self, loaded: Any, engine: Any, *, render: Callable | None = None,
                  constrain: Callable | None = None, activity: Activity | None = None,
-                 boundaries: Callable | None = None):
+                 boundaries: Callable | None = None, max_tokens: int | None = None):
         if render is None or constrain is None:
             from locals.engine import build_constraint, render_prompt
             render = render or render_prompt
@@ -105,6 +105,7 @@ class Backend:
         self._boundaries = boundaries
         self.tool_format = tool_format_of(loaded)
         self.activity = activity or Activity()
+        self.max_tokens = max_tokens  # the server's cap on any reply (`serve --max-tokens`), None: none
 
     @property
     def name(self) -> str:
@@ -161,6 +162,8 @@ class Backend:
                 raise RequestError(f"the prompt is {len(tokens)} tokens but the model's context "
                                    f"is {self.context_length}; shorten the conversation")
             sampling.max_tokens = max(1, min(sampling.max_tokens, room))
+        if self.max_tokens:
+            sampling.max_tokens = min(sampling.max_tokens, self.max_tokens)
         constraint = None
         if chat.parses_tools or chat.json_schema is not None:
             constraint = self._constrain(

@@ -24,6 +24,7 @@ class ServerState:
     api_key: str | None = None
     allow_remote: bool = False
     max_body_mb: int = 32
+    max_tokens: int | None = None  # cap on every reply, whatever the request asks
 
 
 STATE = web.AppKey("locals_state", ServerState)
