@@ -72,8 +72,8 @@ def serve(
     from locals.server.run import serve as run_server
 
     try:
-        run_server(model, host, port, api_key=api_key, allow_remote=allow_remote,
-                   max_body_mb=max_body_mb, max_tokens=max_tokens, on_bound=lambda _: daemon.mark_serving(port, host, model))
+        run_server(model, host, port, api_key=api_key, allow_remote=allow_remote, max_body_mb=max_body_mb,
+                   max_tokens=max_tokens, on_bound=lambda _: daemon.mark_serving(port, host, model))
     finally:
         daemon.unmark_serving(port)
 
