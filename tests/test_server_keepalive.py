@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from server_fakes import client, constraints  # noqa: F401 (shared fixtures, on the engine below)
 from server_fakes import ScriptedEngine, make_state, sse_events, start_client
 
 from locals.protocol import FinishEvent, TokenEvent, Usage
@@ -45,13 +46,6 @@ class SlowPromptEngine(ScriptedEngine):
 def engine(monkeypatch):
     monkeypatch.setattr(backend_module, "HEARTBEAT_S", 0.05)
     return SlowPromptEngine()
-
-
-@pytest.fixture
-async def client(engine):
-    client = await start_client(make_state(engine))
-    yield client
-    await client.close()
 
 
 async def test_openai_stream_sends_comments_while_silent(client):

@@ -116,8 +116,7 @@ class Engine:
                                  speculate_max_rows=cfg.speculate_max_rows)
         self.shared_prefill = SharedPrefill(self.prefix_cache, self._insert_prefix)
         # Decoding rows share one padded KV per layer (one attention call for all of them).
-        n_layers = len(self.model.layers)
-        self.decode_batch = DecodeBatch(n_layers) if supports_ragged(self.model) else None
+        self.decode_batch = DecodeBatch(len(self.model.layers)) if supports_ragged(self.model) else None
         self.counters = Counters()
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: deque[tuple[GenerationRequest, Sink, float]] = deque()
@@ -488,9 +487,8 @@ class Engine:
             c.generated_tokens_total += len(seq.generated)
             c.finish_reasons[seq.finish_reason] = c.finish_reasons.get(seq.finish_reason, 0) + 1
             if seq.kv.offset > 0 and seq.finish_reason in ("stop", "length", "cancelled"):
-                # A cancelled request keeps the prompt it read: a client that timed out and resends it resumes there.
-                end = len(seq.prompt) if seq.finish_reason == "cancelled" else len(seq.all_tokens())
-                self._insert_prefix(seq, min(seq.kv.offset, end))
+                kept = seq.prompt if seq.finish_reason == "cancelled" else seq.all_tokens()  # a retry resumes the read
+                self._insert_prefix(seq, min(seq.kv.offset, len(kept)))
             seq.kv.release()
             seq.kv = None  # the KV goes as soon as no queued step needs it
         self._kv_bytes = sum(s.kv.nbytes for s in self._active)
