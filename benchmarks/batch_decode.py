@@ -5,6 +5,7 @@ locals' engine against mlx-lm's BatchGenerator, same prompts, interleaved rounds
     python benchmarks/batch_decode.py --random-model qwen3-4b --batches 1,2,4,8,16,32   # GPU
     python benchmarks/batch_decode.py --random-model qwen3-4b --batches 8,32 --length-spread 192   # rows of different lengths
     python benchmarks/batch_decode.py --random-model qwen3-4b --unfused-baseline   # what joined q/k/v, gate/up add
+    python benchmarks/batch_decode.py --random-model qwen3-4b --length-spread 448 --mlx-attention-baseline
 """
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ def untuned(engine, prompts, tokens):
     from locals.engine.kernels import mlx_ops_only
 
     with mlx_ops_only():
+        return run_locals(engine, prompts, tokens)
+
+
+def mlx_attention(engine, prompts, tokens):
+    """locals with MLX's attention in decode steps instead of the decode attention kernel."""
+    from locals.engine.kernels.decode_attention import mlx_attention as switch
+
+    with switch():
         return run_locals(engine, prompts, tokens)
 
 
@@ -51,6 +60,8 @@ def parse_args() -> argparse.Namespace:
                          "benchmark measures batching; random weights repeat themselves, which drafts exploit)")
     ap.add_argument("--untuned-baseline", action="store_true",
                     help="also run locals with MLX's own matmuls (no tuned kernels), when this chip is tuned")
+    ap.add_argument("--mlx-attention-baseline", action="store_true",
+                    help="also run locals with MLX's attention in decode steps (no decode attention kernel)")
     ap.add_argument("--unfused-baseline", action="store_true",
                     help="also run locals on a second copy of the model whose q/k/v and gate/up linears "
                          "stay apart (EngineConfig.fuse_projections off)")
@@ -67,6 +78,8 @@ def runners_for(args, engine, lookup, unfused, ours, theirs, ps) -> dict:
     }
     if args.untuned_baseline:
         runners["locals-untuned"] = lambda: untuned(engine, ps, args.tokens)
+    if args.mlx_attention_baseline:
+        runners["locals-mlx-attention"] = lambda: mlx_attention(engine, ps, args.tokens)
     if unfused is not None:
         runners["locals-unfused"] = lambda: run_locals(unfused, ps, args.tokens)
     if lookup is not None:

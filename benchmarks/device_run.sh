@@ -10,6 +10,8 @@
 #               gate/up apart vs mlx-lm, 3 rounds
 #   ragged      batch_decode B = 8,32 with prompts of 64..256 tokens (rows at different lengths:
 #               attention with a mask, which MLX's CUDA vector kernel does not take)
+#   attention   batch_decode B = 1,8,32, rows at 64..512 tokens then all at 64, with the decode attention
+#               kernel vs MLX's attention (same engine) vs mlx-lm
 #   profile     step_profile B = 1,4,8,32 (phases of a decode step)
 #   donation    kv_donation: does a K/V write copy the cache while the step before still runs?
 #   parts       step_parts B = 1,4,8: each part of a step in MLX itself (matmuls on mlx-lm's
@@ -51,6 +53,11 @@ for part in ${parts//,/ }; do
       --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline --unfused-baseline ;;
     ragged) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 8,32 --tokens 32 --prompt-len 64 --length-spread 192 --rounds 3 ;;
+    attention) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
+      --batches 1,8,32 --tokens 64 --prompt-len 64 --length-spread 448 --rounds 3 --mlx-attention-baseline
+      save
+      timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
+      --batches 8,32 --tokens 64 --prompt-len 64 --rounds 3 --mlx-attention-baseline ;;
     parts) timeout "${PARTS_TIMEOUT:-240}" python3 benchmarks/step_parts.py --random-model "$model" \
       --batches 1,4,8 --repeats 10 ;;
     donation) timeout 120 python3 benchmarks/kv_donation.py --tokens 8192 --steps 20 --work 8192 ;;

@@ -180,14 +180,16 @@ def test_add_norm_verifier_passes_the_contract_and_rejects_wrong_kernels():
 
 def test_kernels_that_cannot_run_are_never_attached(caplog):
     model = _qwen3()
-    assert fused.attach(model, "cpu") == {"heads": 0, "norms": 0}
+    assert fused.attach(model, "cpu") == {"heads": 0, "norms": 0, "attention": 0}
     if hasattr(mx, "cuda") and mx.cuda.is_available():
         pytest.skip("the CUDA kernels run on this machine (tests/test_kernels_cuda.py)")
     # Without a CUDA device the kernels raise on their first call: verification fails, nothing is attached.
-    assert fused.attach(model, "cuda") == {"heads": 0, "norms": 0}
+    assert fused.attach(model, "cuda") == {"heads": 0, "norms": 0, "attention": 0}
     assert all(getattr(layer.self_attn, "head_prep", None) is None for layer in model.model.layers)
     assert all(getattr(layer.input_layernorm, "add_norm", None) is None for layer in model.model.layers)
+    assert all(getattr(layer.self_attn, "decode_attention", None) is None for layer in model.model.layers)
     assert "q/k norm and RoPE not used" in caplog.text and "add and norm not used" in caplog.text
+    assert "decode attention kernel not used" in caplog.text
 
 
 def test_qkv_joins_past_the_unfused_limit_only_with_the_head_kernel(monkeypatch):

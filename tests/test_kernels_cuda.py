@@ -6,7 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from locals.engine.kernels import addnorm, fused, headprep, qmm
+from locals.engine.kernels import addnorm, decode_attention, fused, headprep, qmm
 from locals.engine.kernels.registry import TunedQuantizedLinear, patch_model
 from locals.engine.kernels.tuning import MLX_OP, TuningTable, current_chip, kernels_tag, model_problems
 from locals.engine.kernels.verify import default_cases, passes, verify
@@ -91,6 +91,13 @@ def test_cuda_head_prep_matches_reference(spec, dtype):
     assert headprep.verified(headprep.HeadPrep("cuda", spec, dtype)) == ""
 
 
+@pytest.mark.parametrize("heads,kv_heads,dim,dtype", [(32, 8, 128, mx.bfloat16), (9, 3, 64, mx.float16),
+                                                      (4, 4, 256, mx.float32), (15, 5, 96, mx.bfloat16)])
+def test_cuda_decode_attention_matches_reference(heads, kv_heads, dim, dtype):
+    kernel = decode_attention.DecodeAttention("cuda", heads, kv_heads, dim, dtype)
+    assert decode_attention.verified(kernel) == ""
+
+
 @pytest.mark.parametrize("width,eps,dtype", [(2560, 1e-6, mx.bfloat16), (576, 1e-5, mx.float16), (97, 1e-5, mx.float32)])
 def test_cuda_add_norm_matches_reference(width, eps, dtype):
     assert addnorm.verified(addnorm.AddNorm("cuda", width, eps, dtype)) == ""
@@ -114,12 +121,14 @@ def _two_layer_qwen3(seed: int):
 
 
 def _three_rows(model) -> list[mx.array]:
-    """Logits of three prompts in one pass, then of two decode steps of the three rows."""
+    """Logits of three prompts (17, 20 and 23 tokens) in one pass, then of two decode steps of the
+    three rows in a decode batch, at their different lengths."""
     from locals.engine.forward import CompiledBlocks, RowInput, forward
-    from locals.engine.kv import RowKV
+    from locals.engine.kv import DecodeBatch, RowKV
 
-    kv = [RowKV(2) for _ in range(3)]
-    prompts = [mx.array(list(range(3 + 5 * i, 20 + 5 * i)), dtype=mx.int32) for i in range(3)]
+    batch = DecodeBatch(2)
+    kv = [RowKV(2, batch) for _ in range(3)]
+    prompts = [mx.array(list(range(3 + 5 * i, 20 + 8 * i)), dtype=mx.int32) for i in range(3)]
     out = [forward(model, [RowInput(p, p.size, c, True) for p, c in zip(prompts, kv)])]
     for step in range(2):
         rows = [RowInput(mx.array([11 + step + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
@@ -135,7 +144,7 @@ def _assert_close(got: list[mx.array], expected: list[mx.array]) -> None:
 def test_model_with_fused_kernels_matches_mlx_ops():
     model = _two_layer_qwen3(7)
     expected = _three_rows(model)
-    assert fused.attach(model, "cuda") == {"heads": 2, "norms": 2}
+    assert fused.attach(model, "cuda") == {"heads": 2, "norms": 2, "attention": 2}
     _assert_close(_three_rows(model), expected)
 
 

@@ -144,7 +144,7 @@ def kernels_line(extra: dict) -> str | None:
     line = f"{tuned} layers use tuned kernels"
     if left:
         line += f"; tuning while idle, {left} layer shape x row count pairs left"
-    names = {"heads": "q/k norm + RoPE", "norms": "add + norm"}
+    names = {"heads": "q/k norm + RoPE", "norms": "add + norm", "attention": "decode attention"}
     if fused:
         line += "; fused " + ", ".join(f"{names.get(k, k)} in {n} layers" for k, n in fused.items())
     folded = int(extra.get("norms_in_matmuls") or 0)

@@ -64,6 +64,9 @@ class BatchPlan:
         self.width = int(counts.max())
         if self.width == 1:
             self.gather = self.scatter = None
+            # For the decode attention kernel (kernels/decode_attention.py): each row's slot, then
+            # how many keys it reads after this step's write.
+            self.meta = mx.array(np.concatenate([np.asarray(slots, np.int32), lengths + 1]))
             # Positions past each row's new token are padding; no mask when all lengths agree.
             self.mask = None if len(set(lengths.tolist())) == 1 else (
                 mx.array((np.arange(self.t)[None] <= lengths[:, None])[:, None, None, :]))
@@ -76,10 +79,13 @@ class BatchPlan:
         seen = lengths[:, None] + last  # the last position each query may attend to
         self.mask = mx.array((np.arange(self.t)[None, None] <= seen[:, :, None])[:, None])
 
-    def attend(self, li: int, q: mx.array, kv: mx.array, scale: float) -> mx.array:
+    def attend(self, li: int, q: mx.array, kv: mx.array, scale: float, kernel=None) -> mx.array:
         """q (P, heads, 1, dim) and kv (2P, kv_heads, 1, dim) (keys, then values) of the plan's
-        P tokens in order -> (P, heads, 1, dim)."""
+        P tokens in order -> (P, heads, 1, dim). `kernel`: a verified decode attention kernel,
+        used when every row brings one token."""
         self.batch.write(li, self.index, kv)
+        if kernel is not None and self.gather is None:
+            return kernel(q, self.batch.kv[li], self.meta, self.t, scale)
         keys, values = self.batch.view(li, self.t, self.slots)
         if self.gather is None:
             return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=self.mask)

@@ -18,6 +18,7 @@ from mlx_lm.models.activations import swiglu
 
 from locals.engine.batch_plan import BatchPlan
 from locals.engine.fuse import split_sizes
+from locals.engine.kernels.decode_attention import active_for as attention_kernel
 from locals.engine.kernels.fused import active as fused_active
 from locals.engine.kernels.registry import bypassed, swap_count
 from locals.engine.kv import RowKV
@@ -219,10 +220,11 @@ def _attend(attn, q: mx.array, kv: mx.array, plan: BatchPlan, others: list[RowIn
     kv (2T, kv_heads, 1, dim): the pass's keys, then its values."""
     outs = []
     b, total = plan.tokens, q.shape[0]
+    kernel = attention_kernel(attn, q) if fused_active() and not bypassed() else None
     if b == total:  # only the batch's rows: no slicing
-        return plan.attend(li, q, kv, attn.scale)
+        return plan.attend(li, q, kv, attn.scale, kernel)
     if b:
-        outs.append(plan.attend(li, q[:b], mx.concatenate([kv[:b], kv[total : total + b]]), attn.scale))
+        outs.append(plan.attend(li, q[:b], mx.concatenate([kv[:b], kv[total : total + b]]), attn.scale, kernel))
     for row in others:
         s, n = spans[id(row)]
         outs.append(_row_attention(row.kv, li, q[s : s + n], kv[s : s + n], kv[total + s : total + s + n],

@@ -1,5 +1,6 @@
 """The fused kernels a model's layers get on a GPU, once verified there: q/k norm + RoPE
-(headprep.py) and residual add + norm (addnorm.py); and a switch that runs MLX's ops instead."""
+(headprep.py), residual add + norm (addnorm.py) and decode attention (decode_attention.py); and a
+switch that runs MLX's ops instead."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from contextlib import contextmanager
 
 import mlx.nn as nn
 
-from locals.engine.kernels import addnorm, headprep
+from locals.engine.kernels import addnorm, decode_attention, headprep
 
 _off = {"depth": 0}  # > 0 while mlx_ops() is active
 
@@ -33,7 +34,8 @@ def attach(model: nn.Module, backend: str) -> dict[str, int]:
     """Attach every fused kernel that verifies on `backend` ("cuda", "metal"; nothing elsewhere):
     how many layers got each."""
     dtype = activation_dtype(model)
-    return {"heads": headprep.attach(model, backend, dtype), "norms": addnorm.attach(model, backend, dtype)}
+    return {"heads": headprep.attach(model, backend, dtype), "norms": addnorm.attach(model, backend, dtype),
+            "attention": decode_attention.attach(model, backend, dtype)}
 
 
 def activation_dtype(model: nn.Module):

@@ -1,0 +1,342 @@
+"""Decode attention over each row's own cache length: one kernel a layer for a decode step.
+
+Rows of a decode batch sit at different lengths (agents' conversations differ). MLX's
+attention then needs a mask, and on CUDA (0.32) its one-query vector kernel takes none:
+it composes the attention from several ops a layer (matmuls, the mask, softmax) over the
+padded length. This kernel reads each row's own length instead, straight from the shared
+cache (kv.py's `DecodeBatch`: keys of slot s at row s, values at rows_cap + s), so it needs
+no mask, no gathered view and no copy.
+
+One threadgroup per (row, query head), W warps (simdgroups) of 32 lanes: lane l holds
+head_dim / 32 of the query's values; warp w takes keys w, w + W, ...; each key's score is a
+warp sum, folded into the warp's running max, sum and output (online softmax); the W partial
+results are then combined through shared memory. Grouped-query heads read their key/value
+head. A kernel is used only after `verified` matched it against a float32 ground truth (MLX's
+masked attention on the CPU) on this device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from locals.engine.kernels.verify import compare
+
+log = logging.getLogger(__name__)
+
+# Template: T (dtype), D (head dim, a multiple of 32), W (warps a threadgroup). Inputs: q (B, HQ, 1, D);
+# cache (2R, HK, t_cap, D); meta (2B,) int32, each row's slot then its length; scale (1,) float32.
+# Output: out (B, HQ, 1, D).
+CUDA_SOURCE = r"""
+  constexpr int E = D / 32;
+  __shared__ float s_max[W];
+  __shared__ float s_sum[W];
+  __shared__ float s_out[W * D];
+  const int HQ = q_shape[1];
+  const int HK = cache_shape[1];
+  const int t_cap = cache_shape[2];
+  const int R = cache_shape[0] / 2;
+  const int B = q_shape[0];
+  const int row = blockIdx.x / HQ;
+  const int head = blockIdx.x - row * HQ;
+  const int kvh = head / (HQ / HK);
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int slot = meta[row];
+  const int len = meta[B + row];
+  const T* qp = q + (size_t(row) * HQ + head) * D + lane * E;
+  const T* kp = cache + (size_t(slot) * HK + kvh) * size_t(t_cap) * D + lane * E;
+  const T* vp = cache + (size_t(R + slot) * HK + kvh) * size_t(t_cap) * D + lane * E;
+  float qv[E];
+  float o[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    qv[e] = static_cast<float>(qp[e]) * scale[0];
+    o[e] = 0.0f;
+  }
+  float m = -INFINITY;
+  float l = 0.0f;
+  for (int j = warp; j < len; j += W) {
+    const T* kj = kp + size_t(j) * D;
+    float s = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      s += qv[e] * static_cast<float>(kj[e]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      s += __shfl_xor_sync(0xffffffffu, s, off);
+    }
+    const float m_new = fmaxf(m, s);
+    const float a = expf(m - m_new);
+    const float p = expf(s - m_new);
+    l = l * a + p;
+    const T* vj = vp + size_t(j) * D;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      o[e] = o[e] * a + p * static_cast<float>(vj[e]);
+    }
+    m = m_new;
+  }
+  if (lane == 0) {
+    s_max[warp] = m;
+    s_sum[warp] = l;
+  }
+  __syncthreads();
+  float top = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    top = fmaxf(top, s_max[w]);
+  }
+  const float mine = m == -INFINITY ? 0.0f : expf(m - top);  // a warp that saw no key adds nothing
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    s_out[warp * D + lane * E + e] = o[e] * mine;
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < D; d += W * 32) {
+    float total = 0.0f;
+    float acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      total += s_max[w] == -INFINITY ? 0.0f : s_sum[w] * expf(s_max[w] - top);
+      acc += s_out[w * D + d];
+    }
+    out[(size_t(row) * HQ + head) * D + d] = static_cast<T>(acc / total);
+  }
+"""
+
+METAL_SOURCE = r"""
+  constexpr int E = D / 32;
+  threadgroup float s_max[W];
+  threadgroup float s_sum[W];
+  threadgroup float s_out[W * D];
+  const int HQ = q_shape[1];
+  const int HK = cache_shape[1];
+  const int t_cap = cache_shape[2];
+  const int R = cache_shape[0] / 2;
+  const int B = q_shape[0];
+  const int row = int(threadgroup_position_in_grid.x) / HQ;
+  const int head = int(threadgroup_position_in_grid.x) - row * HQ;
+  const int kvh = head / (HQ / HK);
+  const int warp = int(simdgroup_index_in_threadgroup);
+  const int lane = int(thread_index_in_simdgroup);
+  const int tid = int(thread_position_in_threadgroup.x);
+  const int slot = meta[row];
+  const int len = meta[B + row];
+  const size_t q_at = (size_t(row) * HQ + head) * D + lane * E;
+  const size_t k_at = (size_t(slot) * HK + kvh) * size_t(t_cap) * D + lane * E;
+  const size_t v_at = (size_t(R + slot) * HK + kvh) * size_t(t_cap) * D + lane * E;
+  float qv[E];
+  float o[E];
+  for (int e = 0; e < E; ++e) {
+    qv[e] = float(q[q_at + e]) * scale[0];
+    o[e] = 0.0f;
+  }
+  float m = -INFINITY;
+  float l = 0.0f;
+  for (int j = warp; j < len; j += W) {
+    float s = 0.0f;
+    for (int e = 0; e < E; ++e) {
+      s += qv[e] * float(cache[k_at + size_t(j) * D + e]);
+    }
+    s = simd_sum(s);
+    const float m_new = metal::max(m, s);
+    const float a = metal::precise::exp(m - m_new);
+    const float p = metal::precise::exp(s - m_new);
+    l = l * a + p;
+    for (int e = 0; e < E; ++e) {
+      o[e] = o[e] * a + p * float(cache[v_at + size_t(j) * D + e]);
+    }
+    m = m_new;
+  }
+  if (lane == 0) {
+    s_max[warp] = m;
+    s_sum[warp] = l;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float top = -INFINITY;
+  for (int w = 0; w < W; ++w) {
+    top = metal::max(top, s_max[w]);
+  }
+  const float mine = m == -INFINITY ? 0.0f : metal::precise::exp(m - top);
+  for (int e = 0; e < E; ++e) {
+    s_out[warp * D + lane * E + e] = o[e] * mine;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (int d = tid; d < D; d += W * 32) {
+    float total = 0.0f;
+    float acc = 0.0f;
+    for (int w = 0; w < W; ++w) {
+      total += s_max[w] == -INFINITY ? 0.0f : s_sum[w] * metal::precise::exp(s_max[w] - top);
+      acc += s_out[w * D + d];
+    }
+    out[(size_t(row) * HQ + head) * D + d] = T(acc / total);
+  }
+"""
+
+SOURCES = {"cuda": CUDA_SOURCE, "metal": METAL_SOURCE}
+TAG = hashlib.sha1((CUDA_SOURCE + METAL_SOURCE).encode()).hexdigest()[:10]
+DTYPES = (mx.float16, mx.bfloat16, mx.float32)
+MAX_SHARED_FLOATS = 4096  # W * head_dim: 16 KiB of partial outputs (Metal's threadgroup memory is 32 KiB)
+_KERNELS: dict[str, object] = {}
+_SCALES: dict[float, mx.array] = {}
+_off = {"depth": 0}  # > 0 while mlx_attention() is active
+
+
+@contextmanager
+def mlx_attention() -> Iterator[None]:
+    """While active, decode steps attend with MLX's op (benchmarks compare the two on one engine)."""
+    _off["depth"] += 1
+    try:
+        yield
+    finally:
+        _off["depth"] -= 1
+
+
+def warps_for(length: int, head_dim: int) -> int:
+    """Warps a threadgroup for keys up to `length`: more keys, more warps, within shared memory."""
+    want = 8 if length <= 256 else 16 if length <= 1024 else 32
+    return min(want, MAX_SHARED_FLOATS // head_dim)
+
+
+def _kernel(backend: str):
+    if backend not in _KERNELS:
+        make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
+        _KERNELS[backend] = make(name=f"locals_decode_attention_{TAG}", source=SOURCES[backend],
+                                 input_names=["q", "cache", "meta", "scale"], output_names=["out"])
+    return _KERNELS[backend]
+
+
+@dataclass(frozen=True)
+class DecodeAttention:
+    """The kernel for one head layout and dtype on one backend ("cuda" or "metal")."""
+
+    backend: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: mx.Dtype
+
+    def __call__(self, q: mx.array, cache: mx.array, meta: mx.array, longest: int, scale: float) -> mx.array:
+        """q (B, heads, 1, dim) against the shared cache (2R, kv_heads, t_cap, dim); meta (2B,)
+        int32: each row's slot, then how many of its keys count; `longest` the largest of
+        those -> (B, heads, 1, dim)."""
+        rows, warps = q.shape[0], warps_for(longest, self.head_dim)
+        return _kernel(self.backend)(
+            inputs=[q, cache, meta, _scale(scale)],
+            template=[("T", q.dtype), ("D", self.head_dim), ("W", warps)],
+            grid=(rows * self.heads * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
+            output_shapes=[q.shape], output_dtypes=[q.dtype],
+        )[0]
+
+
+def _scale(scale: float) -> mx.array:
+    """The softmax scale as a (1,) float32 array, made once per value."""
+    if scale not in _SCALES:
+        _SCALES[scale] = mx.array([scale], dtype=mx.float32)
+        mx.eval(_SCALES[scale])
+    return _SCALES[scale]
+
+
+def reference(q: mx.array, cache: mx.array, meta: mx.array, scale: float, stream=None) -> mx.array:
+    """The same with MLX's ops: the rows' keys and values gathered, the padding masked."""
+    rows, rows_cap = q.shape[0], cache.shape[0] // 2
+    slots, lengths = meta[:rows], meta[rows:]
+    longest = int(mx.max(lengths).item())
+    keys = mx.take(cache, slots, axis=0, stream=stream)[:, :, :longest]
+    values = mx.take(cache, slots + rows_cap, axis=0, stream=stream)[:, :, :longest]
+    mask = (mx.arange(longest)[None] < lengths[:, None])[:, None, None, :]
+    return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask, stream=stream)
+
+
+# (rows, cache positions) a kernel must get right before use: one row, odd counts, each warp count.
+VERIFY_CASES = ((1, 40), (3, 200), (8, 700), (5, 2100))
+_VERDICTS: dict[DecodeAttention, str] = {}
+
+
+def _random_case(kernel: DecodeAttention, rows: int, t_cap: int) -> tuple[mx.array, mx.array, mx.array]:
+    """Fresh q, a cache with spare slots and positions, and meta: slots shuffled, lengths from 1
+    to t_cap (the first row the longest, the second a single key)."""
+    rng = np.random.default_rng()
+    mx.random.seed(int.from_bytes(rng.bytes(4), "little"))
+    rows_cap = rows + 3
+    q = (2 * mx.random.normal((rows, kernel.heads, 1, kernel.head_dim))).astype(kernel.dtype)
+    cache = mx.random.normal((2 * rows_cap, kernel.kv_heads, t_cap, kernel.head_dim)).astype(kernel.dtype)
+    slots = rng.permutation(rows_cap)[:rows]
+    lengths = rng.integers(1, t_cap + 1, rows)
+    lengths[0] = t_cap
+    if rows > 1:
+        lengths[1] = 1
+    meta = mx.array(np.concatenate([slots, lengths]).astype(np.int32))
+    return q, cache, meta
+
+
+def check(kernel: DecodeAttention, rows: int, t_cap: int) -> str:
+    """"" when the kernel matches a float32 ground truth (MLX's ops on the CPU) on fresh data,
+    otherwise why not."""
+    q, cache, meta = _random_case(kernel, rows, t_cap)
+    scale = kernel.head_dim ** -0.5
+    f32 = [a.astype(mx.float32, stream=mx.cpu) for a in (q, cache)]
+    truth = reference(*f32, meta, scale, stream=mx.cpu)
+    try:
+        got = kernel(q, cache, meta, int(mx.max(meta[rows:]).item()), scale)
+        mx.eval(got)
+    except Exception as exc:  # a kernel that fails to compile or launch is rejected, not fatal
+        return f"raised {type(exc).__name__}: {exc}"
+    return compare(got, truth, kernel.dtype)
+
+
+def verified(kernel: DecodeAttention) -> str:
+    """"" when `kernel` passed every case on this device (checked once per process), otherwise
+    the first failure."""
+    if kernel not in _VERDICTS:
+        _VERDICTS[kernel] = next((f"{rows} rows of up to {t}: {why}" for rows, t in VERIFY_CASES
+                                  if (why := check(kernel, rows, t))), "")
+    return _VERDICTS[kernel]
+
+
+def active_for(attn: nn.Module, q: mx.array) -> DecodeAttention | None:
+    """The kernel attached to `attn` when it may run on q (not switched off, q in its dtype)."""
+    kernel = getattr(attn, "decode_attention", None)
+    if kernel is None or _off["depth"] or q.dtype != kernel.dtype or q.shape[-1] != kernel.head_dim:
+        return None
+    return kernel
+
+
+def _head_dim(attn: nn.Module) -> int | None:
+    """The module's head size: its own attribute, its q norm's width, or from mlx-lm's scale
+    (head_dim ** -0.5); a wrong guess is harmless, the kernel runs only on queries of its size."""
+    norm = getattr(getattr(attn, "q_norm", None), "weight", None)
+    scale = getattr(attn, "scale", None)
+    return getattr(attn, "head_dim", None) or (norm.shape[0] if norm is not None else None) or (
+        round(scale ** -2) if scale else None)
+
+
+def attach(model: nn.Module, backend: str, dtype) -> int:
+    """Give each attention module of a llama/qwen-family model a verified `decode_attention`
+    (batch_plan.py uses it); returns how many. Nothing on a CPU."""
+    if backend not in SOURCES or dtype not in DTYPES:
+        return 0
+    attached = 0
+    for layer in getattr(getattr(model, "model", None), "layers", None) or []:
+        attn = getattr(layer, "self_attn", None)
+        heads, kv_heads = getattr(attn, "n_heads", None), getattr(attn, "n_kv_heads", None)
+        head_dim = _head_dim(attn)
+        if not heads or not kv_heads or not head_dim or head_dim % 32 or heads % kv_heads:
+            continue
+        kernel = DecodeAttention(backend, heads, kv_heads, head_dim, dtype)
+        why = verified(kernel)
+        if why:
+            log.warning("decode attention kernel not used: it failed verification (%s)", why)
+            return attached
+        attn.decode_attention = kernel
+        attached += 1
+    return attached

@@ -1,0 +1,133 @@
+"""Decode attention over each row's own length: the reference against plain attention per row,
+the verifier that gates the kernel, and the decode batch's use of its contract.
+
+The CUDA and Metal kernels run only on their devices (tests/test_kernels_cuda.py); here a
+candidate built from MLX's ops stands in, honouring the same contract."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from locals.engine.forward import CompiledBlocks, RowInput, forward
+from locals.engine.kernels import decode_attention as da
+from locals.engine.kernels.decode_attention import DecodeAttention, check, reference, verified, warps_for
+from locals.engine.kv import DecodeBatch, RowKV
+from tests.test_fuse import _qwen3
+
+
+class OpsAttention(DecodeAttention):
+    """The kernel's contract computed with MLX's ops."""
+
+    def __call__(self, q, cache, meta, longest, scale):
+        return reference(q, cache, meta, scale)
+
+
+def _per_row(q, cache, slots, lengths, scale) -> np.ndarray:
+    """Plain softmax attention in numpy, one row and head at a time."""
+    q, cache = np.array(q.astype(mx.float32)), np.array(cache.astype(mx.float32))
+    rows_cap, group = cache.shape[0] // 2, q.shape[1] // cache.shape[1]
+    out = np.zeros_like(q)
+    for r, (slot, n) in enumerate(zip(slots, lengths)):
+        for h in range(q.shape[1]):
+            keys, values = cache[slot, h // group, :n], cache[rows_cap + slot, h // group, :n]
+            scores = keys @ q[r, h, 0] * scale
+            weights = np.exp(scores - scores.max())
+            out[r, h, 0] = weights @ values / weights.sum()
+    return out
+
+
+def test_reference_is_each_rows_attention_over_its_own_keys():
+    mx.random.seed(1)
+    q = mx.random.normal((3, 6, 1, 32))
+    cache = mx.random.normal((2 * 5, 2, 40, 32))  # 5 slots, 2 key/value heads, 40 positions
+    slots, lengths = [4, 0, 2], [40, 1, 17]
+    meta = mx.array(slots + lengths, dtype=mx.int32)
+    got = np.array(reference(q, cache, meta, 0.2))
+    np.testing.assert_allclose(got, _per_row(q, cache, slots, lengths, 0.2), rtol=1e-4, atol=1e-5)
+
+
+def test_verifier_passes_the_contract_and_rejects_wrong_kernels():
+    for dtype in (mx.float16, mx.bfloat16, mx.float32):
+        assert verified(OpsAttention("cpu", 6, 2, 64, dtype)) == ""
+
+    class AllPositions(OpsAttention):  # reads the padding past each row's length
+        def __call__(self, q, cache, meta, longest, scale):
+            full = mx.concatenate([meta[: q.shape[0]], mx.full((q.shape[0],), cache.shape[2], mx.int32)])
+            return reference(q, cache, full, scale)
+
+    class SlotOrder(OpsAttention):  # row i read from slot i, not from its own slot
+        def __call__(self, q, cache, meta, longest, scale):
+            rows = q.shape[0]
+            return reference(q, cache, mx.concatenate([mx.arange(rows, dtype=mx.int32), meta[rows:]]), scale)
+
+    class Raises(OpsAttention):
+        def __call__(self, *args):
+            raise RuntimeError("launch failed")
+
+    class NaN(OpsAttention):
+        def __call__(self, *args):
+            return super().__call__(*args) * float("nan")
+
+    assert check(AllPositions("cpu", 6, 2, 64, mx.float32), 3, 200).startswith("error ")
+    assert check(SlotOrder("cpu", 6, 2, 64, mx.float32), 3, 200).startswith("error ")
+    assert check(Raises("cpu", 6, 2, 64, mx.float32), 1, 40) == "raised RuntimeError: launch failed"
+    assert check(NaN("cpu", 6, 2, 64, mx.float16), 1, 40) == "non-finite output"
+
+
+def test_warps_grow_with_the_keys_within_shared_memory():
+    assert [warps_for(n, 128) for n in (1, 256, 257, 1024, 1025, 100_000)] == [8, 8, 16, 16, 32, 32]
+    assert warps_for(5000, 256) == 16  # 16 x 256 partial outputs fill the shared memory
+
+
+def _decode(model, steps: int = 3) -> list[np.ndarray]:
+    """Three rows with prompts of 5, 9 and 14 tokens, then `steps` decode steps in a decode batch."""
+    batch = DecodeBatch(len(model.model.layers))
+    kv = [RowKV(len(model.model.layers), batch) for _ in range(3)]
+    prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(n)] for i, n in enumerate((5, 9, 14))]
+    forward(model, [RowInput(mx.array(p, dtype=mx.int32), len(p), c, False) for p, c in zip(prompts, kv)])
+    out = []
+    for step in range(steps):
+        rows = [RowInput(mx.array([11 + step + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
+        out.append(np.array(forward(model, rows, CompiledBlocks()).astype(mx.float32)))
+    assert sorted(c.length for c in kv) == [5 + steps, 9 + steps, 14 + steps] and all(c.resident for c in kv)
+    return out
+
+
+def test_decode_steps_through_the_contract_compute_what_masked_attention_computes(monkeypatch):
+    model = _qwen3(False, head_dim=32)
+    before = _decode(model)
+    calls = []
+    for layer in model.model.layers:
+        layer.self_attn.decode_attention = OpsAttention("cpu", 4, 2, 32, mx.float32)
+    real = OpsAttention.__call__
+    monkeypatch.setattr(OpsAttention, "__call__",
+                        lambda self, q, cache, meta, longest, scale: calls.append((np.array(meta), longest))
+                        or real(self, q, cache, meta, longest, scale))
+    after = _decode(model)
+    for a, b in zip(after, before):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    # Once a layer a step, with each row's slot and its length after the step's write.
+    assert len(calls) == 3 * len(model.model.layers)
+    slots_lengths = {(tuple(m[:3]), tuple(m[3:]), n) for m, n in calls}
+    assert slots_lengths == {((0, 1, 2), (6 + s, 10 + s, 15 + s), 15 + s) for s in range(3)}
+    # Switched off (benchmarks' baseline), and for queries not of its dtype, MLX's attention runs.
+    calls.clear()
+    with da.mlx_attention():
+        np.testing.assert_allclose(_decode(model, 1)[0], before[0], rtol=1e-5, atol=1e-5)
+    for layer in model.model.layers:
+        layer.self_attn.decode_attention = OpsAttention("cpu", 4, 2, 32, mx.float16)
+    _decode(model, 1)
+    assert calls == []
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_attach_never_gives_a_kernel_that_cannot_run(backend, caplog):
+    model = _qwen3(False, head_dim=32)
+    if backend == "cuda" and hasattr(mx, "cuda") and mx.cuda.is_available():
+        pytest.skip("the CUDA kernel runs on this machine (tests/test_kernels_cuda.py)")
+    assert da.attach(model, backend, mx.float32) == 0
+    assert all(getattr(layer.self_attn, "decode_attention", None) is None for layer in model.model.layers)
+    if backend == "cuda":
+        assert "decode attention kernel not used" in caplog.text
