@@ -8,8 +8,8 @@ cache (kv.py's `DecodeBatch`: keys of slot s at row s, values at rows_cap + s), 
 no mask, no gathered view and no copy.
 
 One threadgroup per (row, query head), W warps (simdgroups) of 32 lanes: lane l holds
-head_dim / 32 of the query's values; warp w takes keys w, w + W, ...; each key's score is a
-warp sum, folded into the warp's running max, sum and output (online softmax); the W partial
+head_dim / 32 of the query's values; warp w takes keys w, w + W, ... two at a time (their
+loads in flight together); each key's score is a warp sum, folded into the warp's running max, sum and output (online softmax); the W partial
 results are then combined through shared memory. Grouped-query heads read their key/value
 head. A kernel is used only after `verified` matched it against a float32 ground truth (MLX's
 masked attention on the CPU) on this device.
@@ -63,25 +63,33 @@ CUDA_SOURCE = r"""
   }
   float m = -INFINITY;
   float l = 0.0f;
-  for (int j = warp; j < len; j += W) {
-    const T* kj = kp + size_t(j) * D;
-    float s = 0.0f;
+  for (int j = warp; j < len; j += 2 * W) {  // two keys an iteration: their loads overlap
+    const bool two = j + W < len;
+    const T* k0 = kp + size_t(j) * D;
+    const T* k1 = kp + size_t(two ? j + W : j) * D;
+    float s0 = 0.0f;
+    float s1 = 0.0f;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      s += qv[e] * static_cast<float>(kj[e]);
+      s0 += qv[e] * static_cast<float>(k0[e]);
+      s1 += qv[e] * static_cast<float>(k1[e]);
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
-      s += __shfl_xor_sync(0xffffffffu, s, off);
+      s0 += __shfl_xor_sync(0xffffffffu, s0, off);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, off);
     }
-    const float m_new = fmaxf(m, s);
+    s1 = two ? s1 : -INFINITY;
+    const float m_new = fmaxf(m, fmaxf(s0, s1));
     const float a = expf(m - m_new);
-    const float p = expf(s - m_new);
-    l = l * a + p;
-    const T* vj = vp + size_t(j) * D;
+    const float p0 = expf(s0 - m_new);
+    const float p1 = two ? expf(s1 - m_new) : 0.0f;
+    l = l * a + p0 + p1;
+    const T* v0 = vp + size_t(j) * D;
+    const T* v1 = vp + size_t(two ? j + W : j) * D;
 #pragma unroll
     for (int e = 0; e < E; ++e) {
-      o[e] = o[e] * a + p * static_cast<float>(vj[e]);
+      o[e] = o[e] * a + p0 * static_cast<float>(v0[e]) + p1 * static_cast<float>(v1[e]);
     }
     m = m_new;
   }
@@ -142,18 +150,27 @@ METAL_SOURCE = r"""
   }
   float m = -INFINITY;
   float l = 0.0f;
-  for (int j = warp; j < len; j += W) {
-    float s = 0.0f;
+  for (int j = warp; j < len; j += 2 * W) {  // two keys an iteration: their loads overlap
+    const bool two = j + W < len;
+    const size_t k0 = k_at + size_t(j) * D;
+    const size_t k1 = k_at + size_t(two ? j + W : j) * D;
+    float s0 = 0.0f;
+    float s1 = 0.0f;
     for (int e = 0; e < E; ++e) {
-      s += qv[e] * float(cache[k_at + size_t(j) * D + e]);
+      s0 += qv[e] * float(cache[k0 + e]);
+      s1 += qv[e] * float(cache[k1 + e]);
     }
-    s = simd_sum(s);
-    const float m_new = metal::max(m, s);
+    s0 = simd_sum(s0);
+    s1 = two ? simd_sum(s1) : -INFINITY;
+    const float m_new = metal::max(m, metal::max(s0, s1));
     const float a = metal::precise::exp(m - m_new);
-    const float p = metal::precise::exp(s - m_new);
-    l = l * a + p;
+    const float p0 = metal::precise::exp(s0 - m_new);
+    const float p1 = two ? metal::precise::exp(s1 - m_new) : 0.0f;
+    l = l * a + p0 + p1;
+    const size_t v0 = v_at + size_t(j) * D;
+    const size_t v1 = v_at + size_t(two ? j + W : j) * D;
     for (int e = 0; e < E; ++e) {
-      o[e] = o[e] * a + p * float(cache[v_at + size_t(j) * D + e]);
+      o[e] = o[e] * a + p0 * float(cache[v0 + e]) + p1 * float(cache[v1 + e]);
     }
     m = m_new;
   }
@@ -202,9 +219,10 @@ def mlx_attention() -> Iterator[None]:
 
 
 def warps_for(length: int, head_dim: int) -> int:
-    """Warps a threadgroup for keys up to `length`: more keys, more warps, within shared memory."""
-    want = 8 if length <= 256 else 16 if length <= 1024 else 32
-    return min(want, MAX_SHARED_FLOATS // head_dim)
+    """Warps a threadgroup for keys up to `length`: more keys, more warps, within shared memory.
+    At most 16: 32 (1024 threads) asked for more registers than an H200's SM has for one block
+    ("too many resources requested for launch")."""
+    return min(8 if length <= 256 else 16, MAX_SHARED_FLOATS // head_dim)
 
 
 def _kernel(backend: str):
@@ -271,6 +289,8 @@ def _random_case(kernel: DecodeAttention, rows: int, t_cap: int) -> tuple[mx.arr
     q = (2 * mx.random.normal((rows, kernel.heads, 1, kernel.head_dim))).astype(kernel.dtype)
     cache = mx.random.normal((2 * rows_cap, kernel.kv_heads, t_cap, kernel.head_dim)).astype(kernel.dtype)
     slots = rng.permutation(rows_cap)[:rows]
+    if (slots == np.arange(rows)).all():  # never the identity: the slot lookup is always exercised
+        slots = slots + 1
     lengths = rng.integers(1, t_cap + 1, rows)
     lengths[0] = t_cap
     if rows > 1:
