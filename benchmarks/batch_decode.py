@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import interleaved, load_pair, no_eos, prompts, summary, write_results  # noqa: E402
+from benchmarks.common import interleaved, load_pair, no_eos, prompts, ragged, summary, write_results  # noqa: E402
 from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.bench import run_locals, run_mlx_lm  # noqa: E402
 
@@ -35,14 +35,6 @@ def mlx_attention(engine, prompts, tokens):
 
     with switch():
         return run_locals(engine, prompts, tokens)
-
-
-def ragged(ps: list[list[int]], shortest: int, spread: int) -> list[list[int]]:
-    """Prompt i cut to `shortest` + i/(n-1) of `spread` tokens (all `shortest` + spread when spread is 0)."""
-    if not spread:
-        return ps
-    n = len(ps)
-    return [p[: shortest + (i * spread) // max(n - 1, 1)] for i, p in enumerate(ps)]
 
 
 def parse_args() -> argparse.Namespace:

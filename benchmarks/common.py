@@ -37,6 +37,14 @@ def as_peer(run):
     return wrapped
 
 
+def ragged(ps: list[list[int]], shortest: int, spread: int) -> list[list[int]]:
+    """Prompt i cut to `shortest` + i/(n-1) of `spread` tokens (all `shortest` + spread when spread is 0)."""
+    if not spread:
+        return ps
+    n = len(ps)
+    return [p[: shortest + (i * spread) // max(n - 1, 1)] for i, p in enumerate(ps)]
+
+
 def write_results(name: str, data: dict, path: Path | None = None) -> Path:
     """Write `data` (plus machine info and the command line) as benchmarks/results/<name>-<device>-<time>.json,
     or over `path` (a run that saves what it has after each part, so a cut-off run keeps it)."""

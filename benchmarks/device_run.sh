@@ -12,7 +12,8 @@
 #               attention with a mask, which MLX's CUDA vector kernel does not take)
 #   attention   batch_decode B = 1,8,32, rows at 64..512 tokens then all at 64, with the decode attention
 #               kernel vs MLX's attention (same engine) vs mlx-lm
-#   profile     step_profile B = 1,4,8,32 (phases of a decode step)
+#   profile     step_profile B = 1,4,8,32 (phases of a decode step); LENGTH_SPREAD=448 puts rows at
+#               64..512 tokens
 #   donation    kv_donation: does a K/V write copy the cache while the step before still runs?
 #   parts       step_parts B = 1,4,8: each part of a step in MLX itself (matmuls on mlx-lm's
 #               (B, 1, hidden) input and on the engine's flat one, attention, lm_head, ...)
@@ -62,7 +63,7 @@ for part in ${parts//,/ }; do
       --batches 1,4,8 --repeats 10 ;;
     donation) timeout 120 python3 benchmarks/kv_donation.py --tokens 8192 --steps 20 --work 8192 ;;
     profile) timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/step_profile.py --random-model "$model" \
-      --batches 1,4,8,32 --tokens 32 --variants locals ;;
+      --batches 1,4,8,32 --tokens 32 --variants locals ${LENGTH_SPREAD:+--length-spread $LENGTH_SPREAD} ;;
     kernels) timeout "${KERNELS_TIMEOUT:-300}" python3 benchmarks/step_kernels.py --random-model "$model" \
       --batches "${KERNEL_BATCHES:-1,8}" --steps 4 --ncu "${NCU:-ncu}" --timeout 130 ${KERNEL_BYTES:+--bytes} ;;
     mixed) timeout 120 python3 benchmarks/mixed_pass.py --random-model "$model" --rounds 15 ;;

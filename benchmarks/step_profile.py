@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
-from benchmarks.common import load_pair, no_eos, prompts, write_results  # noqa: E402
+from benchmarks.common import load_pair, no_eos, prompts, ragged, write_results  # noqa: E402
 from locals.engine.bench import run_locals  # noqa: E402
 from locals.engine.step import StepRunner  # noqa: E402
 
@@ -156,6 +156,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,4,8,16,32")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--length-spread", type=int, default=0,
+                    help="prompt lengths spread evenly over prompt-len .. prompt-len + this (rows at "
+                         "different lengths; 0: all equal)")
     ap.add_argument("--variants", default="locals,no-compile,mlx-ops",
                     help="which of locals, no-compile, mlx-ops to run")
     args = ap.parse_args()
@@ -171,7 +174,8 @@ def main() -> None:
     rows, path = [], None
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
-            ps = prompts(ours.tokenizer, batch, args.prompt_len, seed=batch)
+            ps = ragged(prompts(ours.tokenizer, batch, args.prompt_len + args.length_spread, seed=batch),
+                        args.prompt_len, args.length_spread)
             row = {"batch": batch}
             for name in args.variants.split(","):
                 if name == "mlx-ops" and not engine.patched_layers:
@@ -186,6 +190,7 @@ def main() -> None:
                   flush=True)
             # After each batch size: a run cut short keeps what it measured.
             path = write_results("step_profile", {"model": label, "tokens": args.tokens, "rows": rows,
+                                                  "prompt_len": args.prompt_len, "length_spread": args.length_spread,
                                                   "tuned_layers": engine.patched_layers}, path)
     finally:
         engine.stop()
