@@ -5,7 +5,8 @@ locals' engine against mlx-lm's BatchGenerator, same prompts, interleaved rounds
     python benchmarks/batch_decode.py --random-model qwen3-4b --batches 1,2,4,8,16,32   # GPU
     python benchmarks/batch_decode.py --random-model qwen3-4b --batches 8,32 --length-spread 192   # rows of different lengths
     python benchmarks/batch_decode.py --random-model qwen3-4b --unfused-baseline   # what joined q/k/v, gate/up add
-    python benchmarks/batch_decode.py --random-model qwen3-4b --length-spread 448 --mlx-attention-baseline
+    python benchmarks/batch_decode.py --random-model qwen3-4b --length-spread 448 \
+        --mlx-attention-baseline   # the decode attention kernel against MLX's attention, rows at 64..512
 """
 
 from __future__ import annotations

@@ -64,12 +64,13 @@ class BatchPlan:
         self.width = int(counts.max())
         if self.width == 1:
             self.gather = self.scatter = None
-            # For the decode attention kernel (kernels/decode_attention.py): each row's slot, then
-            # how many keys it reads after this step's write.
-            self.meta = mx.array(np.concatenate([np.asarray(slots, np.int32), lengths + 1]))
             # Positions past each row's new token are padding; no mask when all lengths agree.
             self.mask = None if len(set(lengths.tolist())) == 1 else (
                 mx.array((np.arange(self.t)[None] <= lengths[:, None])[:, None, None, :]))
+            # For the decode attention kernel (kernels/decode_attention.py), which runs where a mask
+            # would: each row's slot, then how many keys it reads after this step's write.
+            self.meta = None if self.mask is None else mx.array(
+                np.concatenate([np.asarray(slots, np.int32), lengths + 1]))
             return
         # Query j of row i is the row's token min(j, n_i - 1): padding repeats the last one
         # (its output is dropped), so no query row is fully masked.

@@ -9,8 +9,9 @@ no mask, no gathered view and no copy.
 
 One threadgroup per (row, query head), W warps (simdgroups) of 32 lanes: lane l holds
 head_dim / 32 of the query's values; warp w takes keys w, w + W, ... two at a time (their
-loads in flight together); each key's score is a warp sum, folded into the warp's running max, sum and output (online softmax); the W partial
-results are then combined through shared memory. Grouped-query heads read their key/value
+loads in flight together); each key's score is a warp sum, folded into the warp's running
+max, sum and output (online softmax); the W partial results are then combined through
+shared memory. Grouped-query heads read their key/value
 head. A kernel is used only after `verified` matched it against a float32 ground truth (MLX's
 masked attention on the CPU) on this device.
 """
@@ -27,6 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from locals.engine.kernels.resident import device_array
 from locals.engine.kernels.verify import compare
 
 log = logging.getLogger(__name__)
@@ -257,10 +259,9 @@ class DecodeAttention:
 
 
 def _scale(scale: float) -> mx.array:
-    """The softmax scale as a (1,) float32 array, made once per value."""
+    """The softmax scale as a float32 array in device memory (resident.py), made once per value."""
     if scale not in _SCALES:
-        _SCALES[scale] = mx.array([scale], dtype=mx.float32)
-        mx.eval(_SCALES[scale])
+        _SCALES[scale] = device_array([scale], mx.float32)
     return _SCALES[scale]
 
 
