@@ -64,13 +64,12 @@ class BatchPlan:
         self.width = int(counts.max())
         if self.width == 1:
             self.gather = self.scatter = None
-            # Positions past each row's new token are padding; no mask when all lengths agree.
-            self.mask = None if len(set(lengths.tolist())) == 1 else (
-                mx.array((np.arange(self.t)[None] <= lengths[:, None])[:, None, None, :]))
-            # For the decode attention kernel (kernels/decode_attention.py), which runs where a mask
-            # would: each row's slot, then how many keys it reads after this step's write.
-            self.meta = None if self.mask is None else mx.array(
-                np.concatenate([np.asarray(slots, np.int32), lengths + 1]))
+            # Positions past each row's new token are padding: masked where the lengths differ (the
+            # mask is built when MLX's attention first asks for it). The decode attention kernel
+            # (kernels/decode_attention.py) reads `meta` instead: each row's slot, then how many
+            # keys it reads after this step's write.
+            self.ragged, self._lengths, self._mask = len(set(lengths.tolist())) > 1, lengths, None
+            self.meta = mx.array(np.concatenate([np.asarray(slots, np.int32), lengths + 1])) if self.ragged else None
             return
         # Query j of row i is the row's token min(j, n_i - 1): padding repeats the last one
         # (its output is dropped), so no query row is fully masked.
@@ -78,7 +77,14 @@ class BatchPlan:
         self.gather = mx.array((starts[:, None] + last).reshape(-1).astype(np.int32))
         self.scatter = mx.array((np.repeat(np.arange(len(counts)) * self.width, counts) + within).astype(np.int32))
         seen = lengths[:, None] + last  # the last position each query may attend to
-        self.mask = mx.array((np.arange(self.t)[None, None] <= seen[:, :, None])[:, None])
+        self.ragged, self._mask = True, mx.array((np.arange(self.t)[None, None] <= seen[:, :, None])[:, None])
+
+    @property
+    def mask(self) -> mx.array | None:
+        """The attention mask over the batch's first `t` positions; None when all rows agree."""
+        if self._mask is None and self.ragged:
+            self._mask = mx.array((np.arange(self.t)[None] <= self._lengths[:, None])[:, None, None, :])
+        return self._mask
 
     def attend(self, li: int, q: mx.array, kv: mx.array, scale: float, kernel=None) -> mx.array:
         """q (P, heads, 1, dim) and kv (2P, kv_heads, 1, dim) (keys, then values) of the plan's
@@ -87,7 +93,7 @@ class BatchPlan:
         own vector kernel runs (no mask): on the H200 it was 9% faster at B = 32 and even at B = 8
         (batch_decode-gpu-20261202-045108.json)."""
         self.batch.write(li, self.index, kv)
-        if kernel is not None and self.gather is None and self.mask is not None:
+        if kernel is not None and self.gather is None and self.ragged:
             return kernel(q, self.batch.kv[li], self.meta, self.t, scale)
         keys, values = self.batch.view(li, self.t, self.slots)
         if self.gather is None:
