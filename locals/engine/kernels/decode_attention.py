@@ -28,8 +28,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from locals.engine.kernels.resident import device_array
-from locals.engine.kernels.verify import compare
+from locals.engine.kernels.resident import float_constant
+from locals.engine.kernels.verify import matches
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,6 @@ TAG = hashlib.sha1((CUDA_SOURCE + METAL_SOURCE).encode()).hexdigest()[:10]
 DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 MAX_SHARED_FLOATS = 4096  # W * head_dim: 16 KiB of partial outputs (Metal's threadgroup memory is 32 KiB)
 _KERNELS: dict[str, object] = {}
-_SCALES: dict[float, mx.array] = {}
 _off = {"depth": 0}  # > 0 while mlx_attention() is active
 
 
@@ -251,18 +250,11 @@ class DecodeAttention:
         those -> (B, heads, 1, dim)."""
         rows, warps = q.shape[0], warps_for(longest, self.head_dim)
         return _kernel(self.backend)(
-            inputs=[q, cache, meta, _scale(scale)],
+            inputs=[q, cache, meta, float_constant(scale)],
             template=[("T", q.dtype), ("D", self.head_dim), ("W", warps)],
             grid=(rows * self.heads * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
             output_shapes=[q.shape], output_dtypes=[q.dtype],
         )[0]
-
-
-def _scale(scale: float) -> mx.array:
-    """The softmax scale as a float32 array in device memory (resident.py), made once per value."""
-    if scale not in _SCALES:
-        _SCALES[scale] = device_array([scale], mx.float32)
-    return _SCALES[scale]
 
 
 def reference(q: mx.array, cache: mx.array, meta: mx.array, scale: float, stream=None) -> mx.array:
@@ -307,12 +299,7 @@ def check(kernel: DecodeAttention, rows: int, t_cap: int) -> str:
     scale = kernel.head_dim ** -0.5
     f32 = [a.astype(mx.float32, stream=mx.cpu) for a in (q, cache)]
     truth = reference(*f32, meta, scale, stream=mx.cpu)
-    try:
-        got = kernel(q, cache, meta, int(mx.max(meta[rows:]).item()), scale)
-        mx.eval(got)
-    except Exception as exc:  # a kernel that fails to compile or launch is rejected, not fatal
-        return f"raised {type(exc).__name__}: {exc}"
-    return compare(got, truth, kernel.dtype)
+    return matches(lambda: kernel(q, cache, meta, int(mx.max(meta[rows:]).item()), scale), truth, kernel.dtype)
 
 
 def verified(kernel: DecodeAttention) -> str:

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from locals.engine.kernels.addnorm import eps_array
-from locals.engine.kernels.resident import device_array
 from locals.engine.kernels.reference import dequantized_matmul, random_problem, random_rows
+from locals.engine.kernels.resident import device_array, float_constant
 from locals.engine.kernels.verify import compare, passing_rows
 
 DTYPES = (mx.float16, mx.bfloat16)
@@ -54,7 +53,7 @@ def check(kernel, rows: int, n: int, k: int, bits: int, group_size: int, dtype, 
         nw = (1 + random_rows(1, n, mx.float32)[0]).astype(dtype)
         truth = reference(x, res, nw, eps, w, scales, biases, group_size, bits)
         try:
-            got = kernel.add_norm(x, res, nw, eps_array(eps), count, w, scales, biases, group_size)
+            got = kernel.add_norm(x, res, nw, float_constant(eps), count, w, scales, biases, group_size)
             mx.eval(got)
         except Exception as exc:  # a kernel that fails to compile or launch is not used, not fatal
             return f"raised {type(exc).__name__}: {exc}"

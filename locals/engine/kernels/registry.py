@@ -18,7 +18,7 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from locals.engine.kernels import glu, normfold
-from locals.engine.kernels.addnorm import eps_array
+from locals.engine.kernels.resident import float_constant
 from locals.engine.kernels.tuning import (MLX_OP, Problem, TuningTable, current_chip, default_candidates, load_table,
                                          problem_of, tied_head)
 
@@ -93,7 +93,7 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
                 or "bias" in self or type(norm) is not nn.RMSNorm):
             return None
         h2, xn = self._routes.get(rows).add_norm(x.reshape(rows, x.shape[-1]), h.reshape(rows, h.shape[-1]),
-                                                  norm.weight, eps_array(norm.eps), self._routes.count,
+                                                  norm.weight, float_constant(norm.eps), self._routes.count,
                                                   self["weight"], self["scales"], self["biases"], self.group_size)
         return h2.reshape(h.shape), xn.reshape(h.shape)
 

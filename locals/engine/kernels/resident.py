@@ -21,3 +21,13 @@ def device_array(values: list, dtype) -> mx.array:
     out = mx.concatenate([host, mx.zeros((pad,), dtype=dtype)]) if pad else host + mx.zeros_like(host)
     mx.eval(out)
     return out
+
+
+_FLOATS: dict[float, mx.array] = {}
+
+
+def float_constant(value: float) -> mx.array:
+    """`value` as a float32 `device_array`, made once per value (an eps, a softmax scale)."""
+    if value not in _FLOATS:
+        _FLOATS[value] = device_array([value], mx.float32)
+    return _FLOATS[value]

@@ -81,6 +81,20 @@ def compare(got: mx.array, truth: mx.array, dtype) -> str:
     return "" if error <= ERROR_LIMIT[dtype] else f"error {error:.2e} > {ERROR_LIMIT[dtype]:.2e}"
 
 
+def matches(run: Callable[[], mx.array | tuple[mx.array, ...]], truth: mx.array | tuple[mx.array, ...],
+            dtype) -> str:
+    """"" when `run()` (a kernel call) returns what `compare` accepts against `truth` (one array
+    or a tuple, output by output), otherwise why not; an exception rejects, it is not fatal."""
+    try:
+        got = run()
+        mx.eval(got)
+    except Exception as exc:  # a kernel that fails to compile or launch is rejected, not fatal
+        return f"raised {type(exc).__name__}: {exc}"
+    if isinstance(truth, mx.array):
+        return compare(got, truth, dtype)
+    return next((why for g, t in zip(got, truth) if (why := compare(g, t, dtype))), "")
+
+
 def check(candidate, case: Case) -> Verdict:
     """Run `candidate` on one fresh random problem and compare it with the float32 truth."""
     x, w, scales, biases = random_problem(case.rows, case.n, case.k, case.bits, case.group_size, case.dtype)
