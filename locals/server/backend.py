@@ -295,6 +295,10 @@ class Started:
             if out is None:
                 return
             yield out
+            if isinstance(out, Done):
+                # The handler has written its last event: it ends the response without waiting on
+                # the loop again, so a client that hangs up on that event is answered and logged.
+                return
 
     async def aclose(self) -> None:
         """A client that left: cancels the request in the engine."""

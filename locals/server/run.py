@@ -33,6 +33,10 @@ class QuietAccessLogger(AccessLogger):
             super().log(request, response, time)
 
 
+# handler_cancellation: a client hanging up cancels its handler, which cancels its request.
+RUNNER_OPTIONS = {"handler_cancellation": True, "access_log": log, "access_log_class": QuietAccessLogger}
+
+
 def check_bind(host: str, allow_remote: bool) -> None:
     """Binding beyond loopback exposes the model to the network: only with an explicit flag."""
     if not is_loopback(host) and host != "localhost" and not allow_remote:
@@ -57,9 +61,7 @@ def serve(model: str | None, host: str, port: int, *, api_key: str | None = None
 
 async def _serve(state: ServerState, model: str | None, host: str, port: int,
                  on_bound) -> str | None:
-    # handler_cancellation: a client hanging up cancels its handler, which cancels its request.
-    runner = web.AppRunner(create_app(state), handler_cancellation=True, access_log=log,
-                           access_log_class=QuietAccessLogger)
+    runner = web.AppRunner(create_app(state), **RUNNER_OPTIONS)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
