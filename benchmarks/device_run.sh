@@ -23,6 +23,8 @@
 #   spread      process_spread: B = 8 and 32 in four fresh processes (the per-process spread)
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
 #   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
+#   tests       tests/test_kernels_cuda.py in two halves (each kernel configuration against its
+#               reference, then the rest), each under $TESTS_TIMEOUT (280) s, a JUnit report each
 # MODEL: qwen3-4b (default) on a GPU; qwen3-tiny tries the script out on a CPU.
 set -u
 cd "$(dirname "$0")/.."
@@ -31,7 +33,7 @@ model=${2:-qwen3-4b}
 long=${LONG_TOKENS:-8192}
 python3 -c 'import mlx.core as mx; print("device:", mx.default_device(), mx.__version__)'
 stamp=$(mktemp)  # only this run's results go to $OUT (all of them would pass what comes back)
-save() { if [ -n "${OUT:-}" ]; then find benchmarks/results -name '*.json' -newer "$stamp" -exec cp {} "$OUT"/ \;; fi; }
+save() { if [ -n "${OUT:-}" ]; then find benchmarks/results \( -name '*.json' -o -name '*.xml' \) -newer "$stamp" -exec cp {} "$OUT"/ \;; fi; }
 shapes() {
   # The quantized layers the engine runs for a random Qwen3 of this shape: joined q/k/v, o,
   # joined gate/up, down (locals/engine/fuse.py), and the tied lm_head (vocab x hidden).
@@ -72,6 +74,12 @@ for part in ${parts//,/ }; do
     long) timeout "${LONG_TIMEOUT:-200}" python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2 ;;
     constraint) timeout "${CONSTRAINT_TIMEOUT:-300}" python3 benchmarks/constraint.py --steps 48 --steps-only \
       --engine-tokens 400 --rounds 3 ;;
+    tests) mkdir -p benchmarks/results
+      for half in "candidate_matches_reference" "not candidate_matches_reference"; do
+        timeout "${TESTS_TIMEOUT:-280}" python3 -m pytest -q tests/test_kernels_cuda.py -k "$half" --durations 10 \
+          --junitxml "benchmarks/results/cuda_tests-$(date +%Y%m%d-%H%M%S).xml"
+        save
+      done ;;
     *) echo "unknown part: $part (see the comment at the top)"; exit 2 ;;
   esac
   save
