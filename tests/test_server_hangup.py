@@ -1,6 +1,7 @@
 """A client that hangs up the moment it reads a reply's last event (Codex does on an incomplete
 response) was answered: the reply ends without waiting on the event loop again, so the request
-finishes as it did, is not cancelled, and the access log records its 200."""
+finishes as it did, is not cancelled, and the access log records its 200. One that hangs up
+mid-reply is cancelled, and the server's log says so (the access log has no line for it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import logging
 import socket
 import time
+from contextlib import asynccontextmanager
 
 import pytest
 from aiohttp import web
@@ -62,6 +64,19 @@ def _hang_up_after(port: int, request: bytes, marker: bytes) -> bytes:
     return received
 
 
+@asynccontextmanager
+async def _serving(engine):
+    """The app on `engine`, served with the daemon's own runner settings: (state, port)."""
+    state = make_state(engine)
+    runner = web.AppRunner(create_app(state), **RUNNER_OPTIONS)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield state, runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
 def _http_post(path: str, body: dict, port: int) -> bytes:
     payload = json.dumps(body).encode()
     head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
@@ -73,25 +88,35 @@ def _http_post(path: str, body: dict, port: int) -> bytes:
 async def test_hanging_up_on_the_last_event_is_an_answered_request(api, caplog, starved_loop):
     path, body, marker = CASES[api]
     engine = ScriptedEngine(replies=["Hello there, a reply cut at four tokens"])
-    state = make_state(engine)
-    runner = web.AppRunner(create_app(state), **RUNNER_OPTIONS)  # the daemon's own settings
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    port = runner.addresses[0][1]
     caplog.set_level(logging.INFO, logger="locals.server")
-    try:
+    async with _serving(engine) as (state, port):
         received = await asyncio.to_thread(_hang_up_after, port, _http_post(path, body, port), marker)
         assert marker in received
         for _ in range(100):  # the access line is written once the handler has returned
             if any(f"POST {path} " in r.getMessage() for r in caplog.records):
                 break
             await asyncio.sleep(0.02)
-    finally:
-        await runner.cleanup()
     lines = [r.getMessage() for r in caplog.records if f"POST {path} " in r.getMessage()]
     assert len(lines) == 1 and '" 200 ' in lines[0], lines
     assert engine.cancelled == [] and engine.finished == 1
     assert dict(state.backend.activity.requests) == {(api, "length"): 1}
+
+
+async def test_hanging_up_mid_reply_cancels_it_and_says_so_in_the_log(caplog):
+    engine = ScriptedEngine(replies=["a long reply " * 40], delay=0.02)
+    caplog.set_level(logging.INFO, logger="locals.server")
+    body = {"model": "m", "messages": MESSAGES, "stream": True}
+    async with _serving(engine) as (state, port):
+        received = await asyncio.to_thread(_hang_up_after, port, _http_post("/v1/chat/completions", body, port),
+                                           b'"content": "a l"')
+        assert b'"content": "a l"' in received
+        for _ in range(100):
+            if engine.cancelled and state.backend.activity.in_flight == 0:
+                break
+            await asyncio.sleep(0.02)
+    assert dict(state.backend.activity.requests) == {("openai", "cancelled"): 1}
+    said = [r.getMessage() for r in caplog.records if "the client left" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"openai request {engine.requests[0].id} cancelled"), said
 
 
 async def test_started_ends_at_done_without_resuming_the_chat():

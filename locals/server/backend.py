@@ -226,6 +226,9 @@ class Backend:
         finally:
             record.tool_calls = len(splitter.calls)
             self.activity.end(record, finish, usage.completion_tokens, usage.cached_tokens)
+            if finish == "cancelled":  # the access log has no line for a request whose client left
+                log.info("%s request %s cancelled: the client left after %d tokens", chat.api,
+                         request.id, usage.completion_tokens)
 
     async def complete(self, chat: Chat) -> Completion:
         """Run a chat to the end and gather its reply."""
