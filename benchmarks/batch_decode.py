@@ -129,10 +129,12 @@ def main() -> None:
             res = interleaved(args.rounds, runners_for(args, engine, lookup, unfused, ours, theirs, ps))
             row = {"batch": batch}
             for name, runs in res.items():
-                row[name] = {"decode_tps": summary([r["decode_tps"] for r in runs]),
-                             "ttft_s": summary([r["ttft_s"] for r in runs])}
+                row[name] = {key: summary([r[key] for r in runs]) for key in ("decode_tps", "ttft_s", "all_rows_tps")
+                             if all(r.get(key) is not None for r in runs)}
             rows.append(row)
             line = "  ".join(f"{n}: {row[n]['decode_tps']['median']:.1f} tok/s ttft {row[n]['ttft_s']['median']:.2f}s"
+                             + (f" (all rows {row[n]['all_rows_tps']['median']:.1f})"
+                                if args.length_spread and "all_rows_tps" in row[n] else "")
                              for n in res)
             print(f"B={batch:3d}  {line}", flush=True)
             path = save()  # after each batch size: a run cut short keeps what it measured

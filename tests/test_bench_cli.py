@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from locals.engine.bench import interleaved, summary, timing
+from locals.engine.bench import all_rows_rate, interleaved, summary, timing
 
 
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -32,6 +32,16 @@ def test_timing_counts_decode_after_the_last_first_token():
     assert t["decode_tps"] == pytest.approx(2 * 4 / 2.0)
     assert t["ttft_s"] == 2.0 and t["wall_s"] == 4.0
     assert summary([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+
+
+def test_all_rows_rate_counts_only_the_time_every_row_decodes():
+    # Row a decodes from t=1 to 4, row b (a longer prompt) from 2 to 6, two tokens at t=3.
+    a = [(1.0, 1), (2.0, 1), (3.0, 1), (4.0, 1)]
+    b = [(2.0, 1), (3.0, 2), (5.0, 1), (6.0, 1)]
+    assert all_rows_rate([a, b]) == pytest.approx((2 + 2) / 2.0)  # t in (2, 4]: a's 3, 4 and b's pair at 3
+    t = timing(0.0, firsts=[1.0, 2.0], ends=[4.0, 6.0], n_tokens=4, batch=2, stamps=[a, b])
+    assert t["all_rows_tps"] == pytest.approx(2.0) and t["decode_tps"] == pytest.approx(2 * 3 / 4.0)
+    assert all_rows_rate([[(1.0, 1), (2.0, 1)], [(3.0, 1), (4.0, 1)]]) is None  # never both at once
 
 
 @pytest.mark.model

@@ -5,6 +5,8 @@ scripts in benchmarks/.
 Each request decodes exactly `max_tokens` tokens (EOS ignored on both sides). Decode tok/s
 is all rows' tokens after their first over the time from the last first token to the end,
 so reading prompts does not count; TTFT is the median over rows from submit to first token.
+Rows whose prompts differ in length start and end decoding apart, so the batch is not whole
+for all of that time: `all_rows_tps` counts only the time while every row was decoding.
 """
 
 from __future__ import annotations
@@ -43,12 +45,27 @@ def interleaved(rounds: int, runners: dict[str, Callable[[], dict]], warmup: boo
     return out
 
 
-def timing(submitted: float, firsts: list[float], ends: list[float], n_tokens: int, batch: int) -> dict:
-    """Decode tok/s, median TTFT and wall time of one batch (see the module docstring)."""
+def timing(submitted: float, firsts: list[float], ends: list[float], n_tokens: int, batch: int,
+           stamps: list[list[tuple[float, int]]] | None = None) -> dict:
+    """Decode tok/s, median TTFT and wall time of one batch (see the module docstring); with
+    `stamps` (each row's (time, tokens) arrivals) also `all_rows_tps`."""
     start, end = max(firsts), max(ends)
     decode = batch * (n_tokens - 1) / max(end - start, 1e-9)
     ttft = sorted(f - submitted for f in firsts)
-    return {"decode_tps": decode, "ttft_s": ttft[len(ttft) // 2], "wall_s": end - submitted}
+    out = {"decode_tps": decode, "ttft_s": ttft[len(ttft) // 2], "wall_s": end - submitted}
+    if stamps is not None:
+        out["all_rows_tps"] = all_rows_rate(stamps)
+    return out
+
+
+def all_rows_rate(stamps: list[list[tuple[float, int]]]) -> float | None:
+    """Tokens that arrived while every row was decoding (after the last row's first token, up
+    to the first row's last) over that time; None when the rows never all decoded at once."""
+    start = max(row[0][0] for row in stamps)
+    end = min(row[-1][0] for row in stamps)
+    if end <= start:
+        return None
+    return sum(n for row in stamps for at, n in row if start < at <= end) / (end - start)
 
 
 def without_eos(loaded):
@@ -80,6 +97,7 @@ def run_locals(engine, prompts: list[list[int]], max_tokens: int) -> dict:
 
     done = threading.Event()
     firsts, ends, counts = {}, {}, {}
+    stamps = [[] for _ in prompts]
     lock = threading.Lock()
 
     def sink_for(i):
@@ -88,6 +106,7 @@ def run_locals(engine, prompts: list[list[int]], max_tokens: int) -> dict:
             if isinstance(ev, TokenEvent) and ev.tokens:
                 firsts.setdefault(i, now)
                 counts[i] = counts.get(i, 0) + len(ev.tokens)
+                stamps[i].append((now, len(ev.tokens)))
             elif isinstance(ev, FinishEvent):
                 ends[i] = now
                 with lock:
@@ -101,7 +120,7 @@ def run_locals(engine, prompts: list[list[int]], max_tokens: int) -> dict:
     done.wait()
     if any(c != max_tokens for c in counts.values()):
         raise RuntimeError(f"a request stopped early: {counts} tokens, expected {max_tokens} each")
-    return timing(t0, list(firsts.values()), list(ends.values()), max_tokens, len(prompts))
+    return timing(t0, list(firsts.values()), list(ends.values()), max_tokens, len(prompts), stamps)
 
 
 def run_mlx_lm(model, prompts: list[list[int]], max_tokens: int) -> dict:
@@ -119,18 +138,20 @@ def _run_mlx_lm(model, prompts: list[list[int]], max_tokens: int) -> dict:
     gen = BatchGenerator(model, max_tokens=max_tokens, completion_batch_size=max(32, len(prompts)))
     t0 = time.perf_counter()
     gen.insert(prompts, [max_tokens] * len(prompts))
-    firsts, ends, counts = {}, {}, {}
+    firsts, ends, counts, stamps = {}, {}, {}, {}
     while len(ends) < len(prompts):
         for r in gen.next_generated():
             now = time.perf_counter()
             firsts.setdefault(r.uid, now)
             counts[r.uid] = counts.get(r.uid, 0) + 1
+            stamps.setdefault(r.uid, []).append((now, 1))
             if r.finish_reason is not None:
                 ends[r.uid] = now
     gen.close()
     if any(c != max_tokens for c in counts.values()):
         raise RuntimeError(f"mlx-lm stopped early: {counts} tokens, expected {max_tokens} each")
-    return timing(t0, list(firsts.values()), list(ends.values()), max_tokens, len(prompts))
+    return timing(t0, list(firsts.values()), list(ends.values()), max_tokens, len(prompts),
+                  list(stamps.values()))
 
 
 def other_cpu_percent(interval: float = 1.0) -> float:
