@@ -5,6 +5,7 @@ locals' engine against mlx-lm's BatchGenerator, same prompts, interleaved rounds
     python benchmarks/batch_decode.py --random-model qwen3-4b --batches 1,2,4,8,16,32   # GPU
     python benchmarks/batch_decode.py --random-model qwen3-4b --batches 8,32 --length-spread 192   # rows of different lengths
     python benchmarks/batch_decode.py --random-model qwen3-4b --unfused-baseline   # what joined q/k/v, gate/up add
+    python benchmarks/batch_decode.py --random-model qwen3-4b --ungated-baseline   # SwiGLU in gate/up's kernel or not
     python benchmarks/batch_decode.py --random-model qwen3-4b --length-spread 448 \
         --mlx-attention-baseline   # the decode attention kernel against MLX's attention, rows at 64..512
 """
@@ -38,6 +39,14 @@ def mlx_attention(engine, prompts, tokens):
         return run_locals(engine, prompts, tokens)
 
 
+def ungated(engine, prompts, tokens):
+    """locals with the MLP's activation as MLX's op after the joined gate/up kernel (not inside it)."""
+    from locals.engine.kernels.registry import ungated as switch
+
+    with switch():
+        return run_locals(engine, prompts, tokens)
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--random-model", default=None, help="qwen3-4b: random 4-bit Qwen3-4B shape (GPU)")
@@ -55,6 +64,8 @@ def parse_args() -> argparse.Namespace:
                     help="also run locals with MLX's own matmuls (no tuned kernels), when this chip is tuned")
     ap.add_argument("--mlx-attention-baseline", action="store_true",
                     help="also run locals with MLX's attention in decode steps (no decode attention kernel)")
+    ap.add_argument("--ungated-baseline", action="store_true",
+                    help="also run locals with SwiGLU as MLX's op instead of inside the gate/up kernel")
     ap.add_argument("--unfused-baseline", action="store_true",
                     help="also run locals on a second copy of the model whose q/k/v and gate/up linears "
                          "stay apart (EngineConfig.fuse_projections off)")
@@ -73,6 +84,8 @@ def runners_for(args, engine, lookup, unfused, ours, theirs, ps) -> dict:
         runners["locals-untuned"] = lambda: untuned(engine, ps, args.tokens)
     if args.mlx_attention_baseline:
         runners["locals-mlx-attention"] = lambda: mlx_attention(engine, ps, args.tokens)
+    if args.ungated_baseline:
+        runners["locals-ungated"] = lambda: ungated(engine, ps, args.tokens)
     if unfused is not None:
         runners["locals-unfused"] = lambda: run_locals(unfused, ps, args.tokens)
     if lookup is not None:
@@ -134,7 +147,7 @@ def main() -> None:
             rows.append(row)
             line = "  ".join(f"{n}: {row[n]['decode_tps']['median']:.1f} tok/s ttft {row[n]['ttft_s']['median']:.2f}s"
                              + (f" (all rows {row[n]['all_rows_tps']['median']:.1f})"
-                                if args.length_spread and "all_rows_tps" in row[n] else "")
+                                if "all_rows_tps" in row[n] else "")
                              for n in res)
             print(f"B={batch:3d}  {line}", flush=True)
             path = save()  # after each batch size: a run cut short keeps what it measured

@@ -52,7 +52,8 @@ def test_rows_fold_only_for_kernels_that_take_gate_up_and_pass():
     routes = {1: good, 2: good, 9: good, 12: good, 3: bad, 4: plain}
     assert glu.foldable_rows(routes, 33, 128, 4, 64, mx.float32) == {1, 2, 9, 12}
     # Per kernel and row tile, the fewest and the most rows it serves are checked, once each.
-    checked = {key[:2] for key in glu._VERDICTS if key[0] in ("good", "bad") and key[2:4] == (33, 128)}
+    checked = {key[1:3] for key in glu._VERDICTS
+               if key[0] == "glu" and key[1] in ("good", "bad") and key[3:5] == (33, 128)}
     assert checked == {("good", 1), ("good", 2), ("good", 9), ("good", 12), ("bad", 3)}
     assert "error" in glu.verified(bad, 3, 33, 128, 4, 64, mx.float32)
 
@@ -114,3 +115,90 @@ def test_patching_folds_down_projections_when_switched_on(monkeypatch):
         assert patch_model(model, table) > 0
         assert all(layer.mlp.down_proj._routes.glu_rows == folded for layer in layers)
         assert all(not layer.mlp.up_proj._routes.glu_rows for layer in layers)  # only down projections
+
+
+class OpsGated:
+    """A kernel that also writes silu(gate) * up of a joined [gate | up] weight (`gated=True`),
+    computed with MLX's ops; `wrong` swaps gate and up, a plausible bug."""
+
+    takes_gated = True
+
+    def __init__(self, name: str = "ops-gated", wrong: bool = False):
+        self.name, self.wrong, self.gated = name, wrong, 0
+
+    def __call__(self, x, w, scales, biases, group_size, bits, gated=False):
+        y = quantized_matmul(x, w, scales, biases, group_size, bits)
+        if not gated:
+            return y
+        self.gated += 1
+        gate, up = mx.split(y, 2, axis=-1)
+        return swiglu(up, gate) if self.wrong else swiglu(gate, up)
+
+
+def test_gated_truth_is_the_matmul_then_the_activation():
+    x, w, scales, biases = random_problem(3, 48, 128, 4, 64, mx.float32)
+    gate, up = mx.split(quantized_matmul(x, w, scales, biases, 64, 4), 2, axis=-1)
+    truth = glu.gated_reference(x, w, scales, biases, 64, 4)
+    assert truth.shape == (3, 24)
+    np.testing.assert_allclose(np.array(truth), np.array(swiglu(gate, up)), rtol=1e-4, atol=1e-4)
+
+
+def test_gated_rows_only_for_kernels_that_write_it_and_pass():
+    good, bad = OpsGated("gated-good"), OpsGated("gated-bad", wrong=True)
+    plain = type("Plain", (), {"name": "plain-gated", "takes_gated": False})()
+    routes = {2: good, 5: good, 16: good, 3: bad, 4: plain}
+    assert glu.gated_rows(routes, 48, 128, 4, 64, mx.float32) == {2, 5, 16}
+    assert "error" in glu.verified(bad, 3, 48, 128, 4, 64, mx.float32, gated=True)
+    assert glu.gated_rows(routes, 47, 128, 4, 64, mx.float32) == set()  # no halves to pair
+
+
+def test_a_joined_layer_writes_the_activation_for_the_rows_that_passed():
+    kernel = OpsGated("ops-gated-layer")
+    layer = _layer(n=48)
+    tuned = TunedQuantizedLinear(layer, {2: kernel, 7: kernel})
+    x = mx.random.normal((2, 128))
+    assert tuned.gated(x) is None  # not checked yet
+    assert tuned.fold_gated() == 2 and "silu(gate) * up at rows [2, 7]" in repr(tuned._routes)
+    gate, up = mx.split(layer(x), 2, axis=-1)
+    np.testing.assert_allclose(np.array(tuned.gated(x)), np.array(swiglu(gate, up)), rtol=1e-5, atol=1e-5)
+    assert tuned.gated(mx.zeros((3, 128))) is None  # no route for 3 rows
+    with mlx_ops_only():
+        assert tuned.gated(x) is None
+
+
+def test_forward_takes_the_activation_from_the_gate_up_kernel(monkeypatch):
+    model = _qwen3(True)
+    fuse_projections(model)
+    monkeypatch.setattr(fwd, "JOINED_MAX_TOKENS", {"fused_qkv": 64, "fused_gate_up": 64})
+    prompt = [5, 17, 42, 7, 99, 3]
+    before = _run(model, prompt, CompiledBlocks())
+    kernel = OpsGated()
+    for layer in model.model.layers:
+        layer.mlp.fused_gate_up = TunedQuantizedLinear(layer.mlp.fused_gate_up, {1: kernel})
+        assert layer.mlp.fused_gate_up.fold_gated() == 1
+    checks = kernel.gated
+    after = _run(model, prompt, CompiledBlocks())
+    for a, b in zip(after, before):
+        np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)
+    # The decode steps (one row) took the activation from the kernel in every layer; the prompt did not.
+    assert kernel.gated - checks >= len(model.model.layers)
+
+
+def test_patching_gates_the_joined_gate_up_unless_switched_off(monkeypatch):
+    from locals.engine.kernels import registry
+    from locals.engine.kernels.registry import folded_counts, layer_problem, patch_model
+    from locals.engine.kernels.tuning import TuningTable
+
+    kernel = OpsGated("ops-gated-patch")
+    monkeypatch.setattr(registry, "_candidates_by_name", lambda: {kernel.name: kernel})
+    for setting, gated in (("", {1, 4}), ("1", {1, 4}), ("0", set())):
+        monkeypatch.setenv("LOCALS_GATED_FOLD", setting)
+        model = _qwen3(True)
+        fuse_projections(model)
+        layers = model.model.layers
+        key = layer_problem(layers[0].mlp.fused_gate_up).key
+        table = TuningTable(chip="test", mlx=mx.__version__, kernels="test", complete=True,
+                            choices={key: {"1": kernel.name, "4": kernel.name}})
+        assert patch_model(model, table) == len(layers)
+        assert all(layer.mlp.fused_gate_up._routes.gated_rows == gated for layer in layers)
+        assert folded_counts(model)["activations"] == (len(layers) if gated else 0)

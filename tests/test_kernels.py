@@ -265,6 +265,31 @@ def test_tuned_linear_routes_by_row_count():
     assert tuned_linear(nn.Linear(8, 8), None) is not None
 
 
+def test_row_counts_the_table_lacks_take_the_kernel_of_their_tile():
+    from locals.engine.kernels.registry import _routes_for
+
+    by_name = {c.name: c for c in qmm.candidates("cuda")}
+    narrow, wide = by_name["cuda-qmma-r16-t256"], by_name["cuda-qmma-r32-t256-wide"]
+    problem = Problem(n=2560, k=9728, bits=4, group_size=64, dtype="bfloat16")
+    # As the H200's table: rows 2, 4, 8, 16 and 32 tuned; 6 rows timed and MLX's op won there.
+    choices = {"2": narrow.name, "4": "mlx-pad8", "6": MLX_OP, "8": narrow.name, "16": narrow.name, "32": wide.name}
+    table = TuningTable(chip="cuda:NVIDIA H200", mlx=mx.__version__, kernels=kernels_tag("cuda"),
+                        choices={problem.key: choices})
+    routes = _routes_for(problem, table, {**by_name, "mlx-pad8": PaddedCandidate(8)})
+    assert 1 not in routes  # one row is not tuned on CUDA: MLX's vector kernel
+    assert routes[3].name == "mlx-pad8"  # 4's choice, padded to 8 rows either way
+    assert 6 not in routes  # timed: MLX's op won
+    assert routes[5] is routes[7] is narrow  # 8's kernel, one 8-row tile
+    assert all(routes[m] is narrow for m in range(9, 17))  # 16's, one 16-row tile
+    assert all(routes[m] is wide for m in range(17, 33))  # 32's (17-32 rows: the wide kernel)
+    assert max(routes) == 32
+    # No fill-in across tiles: with only 16 tuned, 2..8 (an 8-row tile) keep MLX's op.
+    table.choices[problem.key] = {"16": narrow.name}
+    assert sorted(_routes_for(problem, table, by_name)) == list(range(9, 17))
+    table.rejected[narrow.name] = "failed verification"
+    assert _routes_for(problem, table, by_name) == {}
+
+
 def test_mlx_ops_only_bypasses_tuned_kernels_while_active():
     from locals.engine.kernels import mlx_ops_only
 

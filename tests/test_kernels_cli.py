@@ -55,9 +55,11 @@ def test_status_says_what_the_kernels_are_doing():
         "144 layers use tuned kernels; fused q/k norm + RoPE in 36 layers, add + norm in 36 layers")
     assert kernels_line({"fused_kernel_layers": {"heads": 0, "norms": 0}}) is None
     assert kernels_line({"tuned_layers": 252, "fused_kernel_layers": {"heads": 36, "norms": 36},
-                         "norms_in_matmuls": 72}) == (
+                         "folded_in_matmuls": {"norms": 72, "activations": 0}}) == (
         "252 layers use tuned kernels; fused q/k norm + RoPE in 36 layers, add + norm in 36 layers; "
         "add + norm inside 72 matmuls")
+    assert kernels_line({"tuned_layers": 180, "folded_in_matmuls": {"norms": 72, "activations": 36}}) == (
+        "180 layers use tuned kernels; add + norm inside 72 matmuls; SwiGLU inside 36 matmuls")
 
 
 def test_rows_take_counts_and_ranges_in_the_order_given():

@@ -184,6 +184,26 @@ def test_cuda_tensor_kernel_folds_swiglu(kernel, dtype):
             assert glu.check(kernel, m, n, k, 4, 64, dtype) == "", (m, n, k)
 
 
+# Each code path once in bf16 (wide, unrolled, 32 columns), the plain one in both dtypes.
+GATED_KERNELS = ([(k, mx.bfloat16) for k in qmm.candidates("cuda")
+                  if k.takes_gated and (k.unroll > 1 or k.wide or k.cols_per_warp == 32)]
+                 + [(k, d) for k in qmm.candidates("cuda") if k.name == "cuda-qmma-r16-t128"
+                    for d in (mx.bfloat16, mx.float16)])
+
+
+@pytest.mark.parametrize("kernel,dtype", GATED_KERNELS, ids=lambda k: getattr(k, "name", str(k).rsplit(".", 1)[-1]))
+def test_cuda_tensor_kernel_writes_the_gated_activation(kernel, dtype):
+    # A joined [gate | up] weight; silu(gate) * up out, against the float32 truth, with halves
+    # that are not a multiple of a tile's 8 or 16 columns, K of an odd number of groups, and
+    # each row tile's edges.
+    from locals.engine.kernels import glu
+
+    rows = [m for m in (1, 5, 8, 13, 16, 17, 21, 32) if kernel.supports(m, 4, 64, dtype, dtype)]
+    for n, k in ((2 * 97, 640), (2 * 1000, 1920), (2 * 9728 // 8, 2560)):
+        for m in rows:
+            assert glu.check_gated(kernel, m, n, k, 4, 64, dtype) == "", (m, n, k)
+
+
 NORM_KERNELS = [k for k in qmm.candidates("cuda") if k.takes_norm and (k.unroll > 1 or k.wide or k.cols_per_warp == 32
                                                                          or k.name == "cuda-qmma-r16-t256")]
 
@@ -216,6 +236,7 @@ def test_model_with_norms_folded_into_tuned_projections_matches_mlx_ops():
     layers = model.model.layers
     assert all(layer.self_attn.o_proj._routes.norm_rows == {3} for layer in layers)
     assert all(layer.mlp.down_proj._routes.norm_rows == {3} for layer in layers)
+    assert all(layer.mlp.fused_gate_up._routes.gated_rows == {3} for layer in layers)  # and SwiGLU in gate/up's
     with mlx_ops_only():
         expected = _three_rows(model)
     _assert_close(_three_rows(model), expected)

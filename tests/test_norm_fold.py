@@ -149,7 +149,7 @@ def test_patching_folds_o_proj_and_down_proj_unless_switched_off(monkeypatch):
             assert layer.self_attn.o_proj._routes.norm_rows == folded
             assert layer.mlp.down_proj._routes.norm_rows == folded
             assert not layer.self_attn.fused_qkv._routes.norm_rows  # no add + norm after it
-        assert registry.folded_norm_count(model) == (2 * len(layers) if folded else 0)  # what `locals status` says
+        assert registry.folded_counts(model)["norms"] == (2 * len(layers) if folded else 0)  # what `locals status` says
 
 
 def test_kernel_constants_are_padded_past_mlx_small_array_pool():

@@ -147,10 +147,10 @@ def kernels_line(extra: dict) -> str | None:
     names = {"heads": "q/k norm + RoPE", "norms": "add + norm", "attention": "decode attention"}
     if fused:
         line += "; fused " + ", ".join(f"{names.get(k, k)} in {n} layers" for k, n in fused.items())
-    folded = int(extra.get("norms_in_matmuls") or 0)
-    if folded:
-        line += f"; add + norm inside {folded} matmuls"
-    return line
+    folded = extra.get("folded_in_matmuls") or {}
+    inside = [f"{what} inside {int(folded.get(key) or 0)} matmuls"
+              for key, what in (("norms", "add + norm"), ("activations", "SwiGLU")) if folded.get(key)]
+    return "; ".join([line, *inside])
 
 
 def register(app: typer.Typer) -> None:

@@ -212,13 +212,13 @@ class Engine:
             if not finished:
                 self.cancel(request.id)
 
-    def _norms_in_matmuls(self) -> int:
-        """Linears whose tuned kernel also does the residual add + norm after them (kernels/normfold.py)."""
+    def _folded_in_matmuls(self) -> dict[str, int]:
+        """Linears whose tuned kernel also does the add + norm after them or the MLP's activation (registry)."""
         if not self.patched_layers:
-            return 0  # nothing tuned (a CPU): the kernel modules need not even be imported
-        from locals.engine.kernels.registry import folded_norm_count
+            return {}  # nothing tuned (a CPU): the kernel modules need not even be imported
+        from locals.engine.kernels.registry import folded_counts
 
-        return folded_norm_count(self.model)
+        return folded_counts(self.model)
 
     def stats(self) -> EngineStats:
         c = self.counters
@@ -242,7 +242,7 @@ class Engine:
             steps=c.steps,
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
                    "generating_tokens": sum(len(s.generated) for s in active),  # not in the total yet
-                   "fused_kernel_layers": self.fused_kernel_layers, "norms_in_matmuls": self._norms_in_matmuls(),
+                   "fused_kernel_layers": self.fused_kernel_layers, "folded_in_matmuls": self._folded_in_matmuls(),
                    "tuning_left": int(getattr(self.idle_work, "left", 0) or 0),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
                    "taken_back_tokens": c.taken_back_total, "masks_after_steps": c.masks_after_total,

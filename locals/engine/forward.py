@@ -20,7 +20,7 @@ from locals.engine.batch_plan import BatchPlan
 from locals.engine.fuse import split_sizes
 from locals.engine.kernels.decode_attention import active_for as attention_kernel
 from locals.engine.kernels.fused import active as fused_active
-from locals.engine.kernels.registry import bypassed, swap_count
+from locals.engine.kernels.registry import bypassed, gated_active, swap_count
 from locals.engine.kv import RowKV
 from locals.engine.rowfeed import RowOf, join_rows
 
@@ -193,6 +193,10 @@ def _finish(layer, h: mx.array, o: mx.array, after=None) -> tuple[mx.array, mx.a
     h, x = _linear_add_norm(layer.self_attn.o_proj, layer.post_attention_layernorm, o.reshape(o.shape[0], -1), h)
     mlp = layer.mlp
     if "fused_gate_up" in mlp and x.shape[0] <= JOINED_MAX_TOKENS["fused_gate_up"]:  # one matmul (fuse.py)
+        gated = getattr(mlp.fused_gate_up, "gated", None)  # silu(gate) * up in its kernel (kernels/glu.py)
+        act = gated(x) if gated is not None else None
+        if act is not None:
+            return _linear_add_norm(mlp.down_proj, after, act, h)
         gate_up = mlp.fused_gate_up(x)
         folded = getattr(mlp.down_proj, "glu", None)  # activation inside down_proj's kernel (kernels/glu.py)
         out = folded(gate_up) if folded is not None else None
@@ -276,8 +280,8 @@ class CompiledBlocks:
     per layer boundary instead of two (a call costs ~20 µs of host time on a 2-core x86 VM). A
     compiled graph captures the modules as they were when traced, so the lists are keyed
     by the registry's swap count (tuned-kernel patching and attaching fused kernels bump
-    it), whether tuned kernels are bypassed, whether fused kernels are on (kernels/fused.py)
-    and `JOINED_MAX_TOKENS`; each distinct token count is traced once per key. The owner
+    it), whether tuned kernels are bypassed, whether fused kernels are on (kernels/fused.py),
+    whether folded activations are (registry.ungated) and `JOINED_MAX_TOKENS`; each distinct token count is traced once per key. The owner
     drops it (and collects) before MLX shuts down: compiled graphs freed during interpreter
     exit may abort the process.
     """
@@ -286,7 +290,8 @@ class CompiledBlocks:
         self._seams: dict[tuple, list] = {}
 
     def seams(self, layers: list) -> list:
-        key = (id(layers), swap_count(), bypassed(), fused_active(), tuple(JOINED_MAX_TOKENS.values()))
+        key = (id(layers), swap_count(), bypassed(), fused_active(), gated_active(),
+               tuple(JOINED_MAX_TOKENS.values()))
         fns = self._seams.get(key)
         if fns is None:
             # Graphs of modules swapped out since are never used again: drop them.

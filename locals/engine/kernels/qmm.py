@@ -409,8 +409,17 @@ class QmvKernel:
         return self.tensor
 
     @property
+    def takes_gated(self) -> bool:  # a joined [gate | up] weight, output silu(gate) * up, `gated=True`
+        return self.tensor and self.k_split == 1
+
+    @property
     def takes_norm(self) -> bool:  # the residual add and RMSNorm after the product (qmm_mma.py)
         return self.tensor and self.k_split == 1
+
+    def compiled_rows(self, rows: int) -> int:
+        """The row count this kernel is compiled and run for when given `rows` rows (rows past
+        the real ones are predicated off, so any row count of one tile costs about the same)."""
+        return qmm_mma.tensor_tile(rows) if self.tensor else row_bucket(rows)
 
     @property
     def launches(self) -> int:  # kernels a call queues: K split adds the one that sums the partials
@@ -437,19 +446,21 @@ class QmvKernel:
                 and dtype in SUPPORTED_DTYPES and scales_dtype == dtype)
 
     def __call__(self, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
-                 group_size: int, bits: int, glu: bool = False) -> mx.array:
+                 group_size: int, bits: int, glu: bool = False, gated: bool = False) -> mx.array:
         """x @ dequantize(w).T; with `glu` (tensor kernels, `takes_glu`), silu(gate) * up @
-        dequantize(w).T for x = [gate | up] twice as wide as w's K."""
-        if glu and not self.takes_glu:
-            raise ValueError(f"{self.name} does not take a joined gate/up input")
+        dequantize(w).T for x = [gate | up] twice as wide as w's K; with `gated` (`takes_gated`),
+        silu(gate) * up for x @ dequantize(w).T = [gate | up] (half as wide as w's N)."""
+        if (glu and not self.takes_glu) or (gated and not self.takes_gated):
+            raise ValueError(f"{self.name} does not take a joined gate/up {'input' if glu else 'weight'}")
         *lead, k = x.shape
         rows = math.prod(lead)
         n = w.shape[0]
         x2 = x.reshape(rows, k)
         if self.tensor:  # one block per R columns (k_split blocks); 8-row tiles: three compiles in all
             out = qmm_mma.launch(x2, w, scales, biases, cols=self.cols_per_warp, threads=self.threads,
-                                 unroll=self.unroll, k_split=self.k_split, group_size=group_size, glu=glu)[0]
-            return out.reshape(*lead, n)
+                                 unroll=self.unroll, k_split=self.k_split, group_size=group_size, glu=glu,
+                                 gated=gated)[0]
+            return out.reshape(*lead, n // 2 if gated else n)
         template = [("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
                     ("BITS", bits), ("GS", group_size)] + ([("NT", self.threads)] if self.split else [])
         # One block per R columns (split), or one warp per R columns.

@@ -26,6 +26,12 @@ With GLU, x is an MLP's joined gate/up output (M, 2K) and the kernel multiplies
 silu(gate) * up, computed in float as x is loaded: the down projection takes the joined
 output as it is, one kernel a layer fewer (glu.py verifies it before the engine uses it).
 
+With GATED, w is an MLP's joined [gate | up] weight (N = 2I rows) and the kernel writes
+silu(gate) * up (M, I) instead of the product: a 16-column tile takes 8 gate columns and the
+same 8 columns of up (the mma's rows g and g + 8), so every output's two sums end in one
+block, and the epilogue rounds each to T as the product would be, then applies the
+activation in float and rounds once. The activation's own kernel goes (glu.py verifies it).
+
 Compiled with QMMA_ADD_NORM (the `qmman` kernel: inputs res, nw, eps and count, outputs h
 and xn after out), the product is a sublayer's output d and the kernel also adds it to the
 residual stream and normalizes the sum for the next sublayer: h = T(res + d) and
@@ -126,9 +132,13 @@ CUDA_MMA_SOURCE = r"""
   const int t = lane & 3;
   // KS > 1: the KS blocks of a column tile take interleaved chunks of K each and write
   // float32 partial sums (KS, M, N) that a second kernel adds up.
-  const int tiles = (N + 16 * NC - 1) / (16 * NC);
+  // GATED: each 16-column tile is 8 gate columns and their 8 up columns; a block writes 8·NC
+  // outputs of silu(gate) * up, of NO = N / 2.
+  constexpr int TC = GATED ? 8 * NC : 16 * NC;  // output columns a block writes
+  const int NO = GATED ? N / 2 : N;
+  const int tiles = (NO + TC - 1) / TC;
   const int split = blockIdx.x / tiles;
-  const int n0 = (blockIdx.x - split * tiles) * (16 * NC);
+  const int n0 = (blockIdx.x - split * tiles) * TC;
   constexpr int SW = S * KS;                // warps over K, across a tile's KS blocks
   const int gw = split * S + warp;          // this warp's first chunk
   const int chunks = (K + CH - 1) / CH;
@@ -149,8 +159,9 @@ CUDA_MMA_SOURCE = r"""
     for (int nc = 0; nc < NC; ++nc) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        // Columns past N repeat the last one; their sums are never written.
-        const int n = min(n0 + 16 * nc + g + 8 * h, N - 1);
+        // Columns past N (past NO, GATED) repeat the last one; their sums are never written.
+        const int j = min(n0 + (GATED ? 8 : 16) * nc + g + (GATED ? 0 : 8 * h), NO - 1);
+        const int n = GATED && h ? NO + j : j;
         if (kin) {
           st.wv[nc][h] = *reinterpret_cast<const uint4*>(w + size_t(n) * KW + k0 / 8);
           const uint32_t sb = sbits[size_t(n) * G + k0 / GS];
@@ -276,6 +287,25 @@ CUDA_MMA_SOURCE = r"""
     }
   }
   __syncthreads();
+  if (GATED) {  // column p of the block's outputs: gate at tile row p % 8, up 8 rows below
+    for (int idx = threadIdx.x; idx < TC * 8 * TILES; idx += NT) {
+      const int p = idx / (8 * TILES);
+      const int m = idx - p * (8 * TILES);
+      const int col = 16 * (p >> 3) + (p & 7);
+      if (m < M && n0 + p < NO) {
+        float gs = 0.0f;
+        float us = 0.0f;
+#pragma unroll
+        for (int k = 0; k < S; ++k) {
+          gs += part[k][col][m];
+          us += part[k][col + 8][m];
+        }
+        const float a = static_cast<float>(static_cast<T>(gs));
+        locals_store(out, size_t(m) * NO + n0 + p, a / (1.0f + expf(-a)) * static_cast<float>(static_cast<T>(us)));
+      }
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < 16 * NC * 8 * TILES; idx += NT) {
     const int col = idx / (8 * TILES);
     const int m = idx - col * (8 * TILES);
@@ -390,16 +420,20 @@ def _kernel(variant: str):
 
 
 def launch(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, *, cols: int, threads: int,
-           unroll: int, k_split: int, group_size: int, glu: bool = False,
+           unroll: int, k_split: int, group_size: int, glu: bool = False, gated: bool = False,
            add_norm: tuple[mx.array, ...] | None = None) -> list[mx.array]:
-    """[d = x @ dequantize(w).T] for x (rows, K); with `glu`, x is [gate | up] (rows, 2K). With
+    """[d = x @ dequantize(w).T] for x (rows, K); with `glu`, x is [gate | up] (rows, 2K); with
+    `gated`, w is [gate | up] (2I, K) and the output silu(gate) * up (rows, I). With
     `add_norm` = (res, nw, eps, count): [d, h = res + d, rms_norm(h) * nw] (k_split 1 only;
     count a uint32 zero that only this layer's launches use, one after another)."""
     rows, n = x.shape[0], w.shape[0]
     if add_norm is not None and (k_split > 1 or n % 8):
         raise ValueError("the residual add and norm take one block per column tile and N a multiple of 8")
+    if gated and (k_split > 1 or add_norm is not None or n % 2):
+        raise ValueError("the gated output takes one block per column tile, no add + norm, and an even N")
     template = [("T", x.dtype), ("MB", tensor_tile(rows)), ("NC", cols // 16), ("NT", threads),
-                ("GS", group_size), ("F16", x.dtype == mx.float16), ("U", unroll), ("KS", k_split), ("GLU", glu)]
+                ("GS", group_size), ("F16", x.dtype == mx.float16), ("U", unroll), ("KS", k_split), ("GLU", glu),
+                ("GATED", gated)]
     if add_norm is not None:  # the finishing block's eight-value groups per lane
         template.append(("TV", -(-n // 256)))
     partial = k_split > 1
@@ -407,7 +441,7 @@ def launch(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, *, cols
     result = _kernel("qmma" if add_norm is None else "qmman")(
         inputs=[x, w, scales, biases, *(add_norm or ())], template=template,
         grid=(-(-n // cols) * threads * k_split, 1, 1), threadgroup=(threads, 1, 1),
-        output_shapes=[(k_split, rows, n) if partial else (rows, n)] * outs,
+        output_shapes=[(k_split, rows, n) if partial else (rows, n // 2 if gated else n)] * outs,
         output_dtypes=[mx.float32 if partial else x.dtype] * outs,
     )
     if partial:

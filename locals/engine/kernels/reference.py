@@ -60,6 +60,10 @@ class PaddedCandidate:
     def supports(self, rows: int, bits: int, group_size: int, dtype, scales_dtype) -> bool:
         return 1 < rows < self.rows_to
 
+    def compiled_rows(self, rows: int) -> int:
+        """Every row count it takes runs as `rows_to` rows."""
+        return self.rows_to
+
     def __call__(self, x, w, scales, biases, group_size: int, bits: int) -> mx.array:
         *lead, k = x.shape
         flat = x.reshape(-1, k)

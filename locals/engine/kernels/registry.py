@@ -17,13 +17,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from locals.engine.kernels import glu, normfold
+from locals.engine.kernels import glu, normfold, qmm
 from locals.engine.kernels.resident import float_constant
 from locals.engine.kernels.tuning import (MLX_OP, Problem, TuningTable, current_chip, default_candidates, load_table,
                                          problem_of, tied_head)
 
 
 _bypass = {"depth": 0}  # > 0 while mlx_ops_only() is active
+_ungated = {"depth": 0}  # > 0 while ungated() is active
 _swaps = {"count": 0}  # bumped by modules_swapped(): compiled graphs of older modules are stale
 
 
@@ -36,6 +37,22 @@ def mlx_ops_only() -> Iterator[None]:
         yield
     finally:
         _bypass["depth"] -= 1
+
+
+@contextmanager
+def ungated() -> Iterator[None]:
+    """While active, joined gate/up layers write [gate | up] and MLX applies the activation
+    (benchmarks time the gated fold against that on one engine)."""
+    _ungated["depth"] += 1
+    try:
+        yield
+    finally:
+        _ungated["depth"] -= 1
+
+
+def gated_active() -> bool:
+    """Whether folded activations may run (not inside `ungated()`; compiled graphs are keyed by it)."""
+    return _ungated["depth"] == 0
 
 
 def bypassed() -> bool:
@@ -84,6 +101,16 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
                                    glu=True)
         return y + self["bias"] if "bias" in self else y
 
+    def gated(self, x: mx.array) -> mx.array | None:
+        """silu(gate) * up for this joined [gate | up] layer's output on x, in one kernel where
+        glu.py verified it for x's row count; None otherwise (the caller runs the layer and the activation)."""
+        rows = math.prod(x.shape[:-1])
+        if (rows not in self._routes.gated_rows or _bypass["depth"] or _ungated["depth"]
+                or x.dtype != self["scales"].dtype or "bias" in self):
+            return None
+        return self._routes.get(rows)(x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits,
+                                      gated=True)
+
     def add_norm(self, x: mx.array, h: mx.array, norm: nn.Module) -> tuple[mx.array, mx.array] | None:
         """(h + this layer(x), norm of that) in one kernel where normfold.py verified it for x's
         row count and `norm` is a plain RMSNorm; None otherwise (the caller calls the layer,
@@ -106,6 +133,14 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
         if self._routes.norm_rows and self._routes.count is None:
             self._routes.count = normfold.counter()
         return len(self._routes.norm_rows)
+
+    def fold_gated(self) -> int:
+        """Check the gated form of this layer's kernels on this device (a joined gate/up
+        projection's; glu.py) and use it for the row counts that pass; returns how many."""
+        n, packed = self["weight"].shape
+        self._routes.gated_rows = glu.gated_rows(self._routes.kernels, n, packed * 32 // self.bits, self.bits,
+                                                 self.group_size, self["scales"].dtype)
+        return len(self._routes.gated_rows)
 
     def fold_glu(self) -> int:
         """Check the joined gate/up form of this layer's kernels on this device (a down
@@ -148,6 +183,7 @@ class _Routes:
     def __init__(self, kernels: dict[int, object]):
         self.kernels = dict(kernels)
         self.glu_rows: set[int] = set()  # row counts whose kernel also takes [gate | up] (fold_glu)
+        self.gated_rows: set[int] = set()  # ... writes silu(gate) * up of a joined weight (fold_gated)
         self.norm_rows: set[int] = set()  # ... and the residual add + RMSNorm after it (fold_norm)
         self.count = None  # the add + norm kernel's launch counter, this layer's own (normfold.py)
 
@@ -157,6 +193,7 @@ class _Routes:
     def __repr__(self) -> str:
         names = sorted({k.name for k in self.kernels.values()})
         folded = f", gate/up folded at rows {sorted(self.glu_rows)}" if self.glu_rows else ""
+        folded += f", silu(gate) * up at rows {sorted(self.gated_rows)}" if self.gated_rows else ""
         folded += f", add + norm folded at rows {sorted(self.norm_rows)}" if self.norm_rows else ""
         return f"rows {sorted(self.kernels)} -> {', '.join(names)}{folded}"
 
@@ -167,11 +204,32 @@ def layer_problem(layer: nn.Module) -> Problem | None:
 
 
 def _routes_for(problem: Problem, table: TuningTable, by_name: dict[str, object]) -> dict[int, object]:
-    routes = {}
-    for rows, name in table.choices.get(problem.key, {}).items():
-        if name != MLX_OP and name in by_name and name not in table.rejected:
-            routes[int(rows)] = by_name[name]
-    return routes
+    """Row count -> kernel for `problem`: the table's choices, plus the row counts it lacks (see _fill_in)."""
+    chosen = {int(rows): name for rows, name in table.choices.get(problem.key, {}).items()}
+    routes = {rows: by_name[name] for rows, name in chosen.items()
+              if name != MLX_OP and name in by_name and name not in table.rejected}
+    return _fill_in(routes, chosen, problem, qmm.tuning_rows(table.chip.split(":", 1)[0]))
+
+
+def _fill_in(routes: dict[int, object], chosen: dict[int, str], problem: Problem, tunable: list[int]) -> dict:
+    """A tunable row count the table has no choice for takes the kernel chosen for the nearest
+    tuned count above it, when that kernel runs both in one compiled row tile (so it does the
+    same work, and passed screening at row counts inside every tile). A table tuned at 2, 4, 8,
+    16 and 32 rows otherwise leaves 3, 5-7, 9-15 and 17-31 to MLX's op, which on CUDA re-reads
+    the weights once per row below 8 (H200: 115 us against the kernel's 22 at 4 rows of a
+    19456x2560 layer, tuning_table-gpu-20261130-230700.json) - the sizes a team passes through
+    as its agents start and finish."""
+    filled = dict(routes)
+    for rows in tunable:
+        if rows in chosen:
+            continue
+        above = min((t for t in routes if t > rows), default=None)
+        kernel = routes.get(above)
+        tile = getattr(kernel, "compiled_rows", None)  # MLX-op candidates have none: no fill-in
+        if (tile is not None and tile(rows) == tile(above)
+                and kernel.supports(rows, problem.bits, problem.group_size, problem.mx_dtype, problem.mx_dtype)):
+            filled[rows] = kernel
+    return filled
 
 
 def _candidates_by_name() -> dict[str, object]:
@@ -218,8 +276,11 @@ def patch_model(model: nn.Module, table: TuningTable | None = None) -> int:
     # Opt-in: on the H200 it verified, but decoded B = 8 slower than the unfolded layers in three
     # of four pairs of processes (median 1525 vs 1677 tok/s, process_spread-gpu-20261201-014127.json).
     fold = _switch("LOCALS_GLU_FOLD", default=False)
+    gate = _switch("LOCALS_GATED_FOLD", default=True)
     for path, tuned in swaps:
-        if fold and path.endswith("mlp.down_proj"):  # takes the joined gate/up output as it is (forward.py)
+        if gate and path.endswith("mlp.fused_gate_up"):  # writes silu(gate) * up (forward.py's _finish)
+            tuned.fold_gated()
+        elif fold and path.endswith("mlp.down_proj"):  # takes the joined gate/up output as it is (forward.py)
             tuned.fold_glu()
     if swaps:
         model.update_modules(tree_unflatten(swaps))
@@ -246,14 +307,17 @@ def fold_norms(model: nn.Module) -> int:
     return folded
 
 
-def folded_norm_count(model: nn.Module) -> int:
-    """How many o_proj/down_proj linears run the residual add + norm inside their kernel."""
-    count = 0
+def folded_counts(model: nn.Module) -> dict[str, int]:
+    """How many linears run more than their matmul in their kernel: "norms", o_proj/down_proj
+    with the residual add + norm after them; "activations", joined gate/up writing silu(gate) * up."""
+    norms = activations = 0
     for layer in getattr(getattr(model, "model", None), "layers", None) or []:
         for block_name, linear_name in NORMED_OUTPUTS:
             linear = getattr(getattr(layer, block_name, None), linear_name, None)
-            count += isinstance(linear, TunedQuantizedLinear) and bool(linear._routes.norm_rows)
-    return count
+            norms += isinstance(linear, TunedQuantizedLinear) and bool(linear._routes.norm_rows)
+        gate_up = getattr(getattr(layer, "mlp", None), "fused_gate_up", None)
+        activations += isinstance(gate_up, TunedQuantizedLinear) and bool(gate_up._routes.gated_rows)
+    return {"norms": norms, "activations": activations}
 
 
 def _switch(name: str, default: bool) -> bool:
