@@ -171,3 +171,30 @@ def test_background_tuning_swaps_each_layer_shape_once_timed_largest_first(local
     assert work(lambda: False) is False
     assert isinstance(model.layers[0], TunedQuantizedLinear) and told == [1, 1] and work.patched == 2
     assert work.left == 0
+
+
+def test_layers_swapped_at_load_take_the_row_counts_tuned_while_idle(locals_home):
+    from locals.engine.kernels.registry import TunedQuantizedLinear, patch_model
+    from locals.engine.kernels.tuning import TuningTable, current_chip, kernels_tag, save_table
+
+    mx.random.seed(0)
+    model = nn.Sequential(nn.Linear(256, 128), nn.Linear(256, 192))
+    model.set_dtype(mx.bfloat16)
+    nn.quantize(model, group_size=64, bits=4)
+    kind, chip = current_chip()
+    work = BackgroundTuning(model, rows=[3, 4])
+    # A table cut short: 3 rows tuned for both shapes, 4 rows not yet.
+    save_table(TuningTable(chip=chip, mlx=mx.__version__, kernels=kernels_tag(kind),
+                           choices={p.key: {"3": "mlx-dequant"} for p in work.problems}))
+    assert patch_model(model) == 2  # as the engine does at load
+    assert all(sorted(layer._routes.kernels) == [3] for layer in model.layers)
+    work = BackgroundTuning(model, rows=[3, 4])
+    assert work.missing == 2
+    assert work(lambda: False) is False and work.missing == 0
+    table = load_table()
+    for layer, problem in zip(model.layers, [p for p in work.problems[::-1]]):
+        assert isinstance(layer, TunedQuantizedLinear)
+        chosen = {int(m) for m, name in table.choices[problem.key].items() if name != "mlx"}
+        assert set(layer._routes.kernels) == chosen  # 4 rows routed as tuned, without a restart
+    # On a CPU dequantize-then-matmul beats MLX's quantized op at 3-4 bf16 rows (see above).
+    assert any(4 in layer._routes.kernels for layer in model.layers)

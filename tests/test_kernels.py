@@ -12,7 +12,7 @@ import pytest
 from locals.engine.kernels import qmm
 from locals.engine.kernels.reference import (MAX_COPIES, DequantizedCandidate, PaddedCandidate, cold_problems,
                                              dequantized_matmul, quantized_matmul, random_problem, rotating)
-from locals.engine.kernels.registry import TunedQuantizedLinear, patch_model, tuned_linear
+from locals.engine.kernels.registry import TunedQuantizedLinear, layer_problem, patch_model, tuned_linear
 from locals.engine.kernels.tuning import (MLX_OP, Problem, TuningTable, current_chip, kernels_tag, load_table,
                                           measure, model_problems, save_table, table_path, tune)
 from locals.engine.kernels.verify import Case, check, default_cases, passes, verify
@@ -288,6 +288,24 @@ def test_row_counts_the_table_lacks_take_the_kernel_of_their_tile():
     assert sorted(_routes_for(problem, table, by_name)) == list(range(9, 17))
     table.rejected[narrow.name] = "failed verification"
     assert _routes_for(problem, table, by_name) == {}
+
+
+def test_reroute_gives_swapped_layers_the_row_counts_timed_since():
+    from locals.engine.kernels.registry import reroute, swap_count
+
+    model = _quantized_mlp()
+    assert patch_model(model, _table_choosing(model, "mlx-dequant", rows=[3])) == 2
+    assert sorted(model.layers[0]._routes.kernels) == [3]
+    later = _table_choosing(model, "mlx-dequant", rows=[3])
+    key = model_problems(model)[0].key
+    later.choices[key].update({"4": "mlx-pad8", "5": MLX_OP})  # idle tuning timed 4 and 5 rows of one shape
+    swaps = swap_count()
+    assert reroute(model, later) == 1 and swap_count() == swaps + 1  # compiled graphs trace the new routes
+    routed = next(layer for layer in model.layers if layer_problem(layer).key == key)
+    assert {m: k.name for m, k in routed._routes.kernels.items()} == {3: "mlx-dequant", 4: "mlx-pad8"}
+    x = mx.random.normal((4, 128))
+    assert mx.allclose(routed(x), nn.QuantizedLinear.__call__(routed, x), rtol=1e-2, atol=1e-2)
+    assert reroute(model, later) == 0 and swap_count() == swaps + 1  # nothing new: nothing retraced
 
 
 def test_mlx_ops_only_bypasses_tuned_kernels_while_active():

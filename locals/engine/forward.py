@@ -281,9 +281,9 @@ class CompiledBlocks:
     compiled graph captures the modules as they were when traced, so the lists are keyed
     by the registry's swap count (tuned-kernel patching and attaching fused kernels bump
     it), whether tuned kernels are bypassed, whether fused kernels are on (kernels/fused.py),
-    whether folded activations are (registry.ungated) and `JOINED_MAX_TOKENS`; each distinct token count is traced once per key. The owner
-    drops it (and collects) before MLX shuts down: compiled graphs freed during interpreter
-    exit may abort the process.
+    whether folded activations are (registry.ungated) and `JOINED_MAX_TOKENS`; each distinct
+    token count is traced once per key. The owner drops it (and collects) before MLX shuts
+    down: compiled graphs freed during interpreter exit may abort the process.
     """
 
     def __init__(self):

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 
 from locals.engine.kernels import qmm
-from locals.engine.kernels.registry import patch_model
+from locals.engine.kernels.registry import patch_model, reroute
 from locals.engine.kernels.tuning import (current_chip, default_candidates, load_table, model_problems, new_table,
                                           save_table, screen, tune)
 
@@ -79,13 +79,17 @@ class BackgroundTuning:
         return False
 
     def _patch_finished(self) -> None:
-        """Swap in the tuned kernels of every layer shape whose row counts are all timed."""
+        """Swap in the tuned kernels of every layer shape whose row counts are all timed; layers
+        swapped at load (a table cut short) take the new row counts' choices too."""
         done = {p.key for p in self.problems
                 if all(str(m) in self.table.choices.get(p.key, {}) for m in self.rows)} - self._patched_keys
         if not done:
             return
         finished = dataclasses.replace(self.table, choices={k: self.table.choices[k] for k in done})
         swapped = patch_model(self.model, finished)
+        rerouted = reroute(self.model, finished)
+        if rerouted:
+            log.info("%d tuned layers now route the newly timed row counts too", rerouted)
         self._patched_keys |= done
         self.patched += swapped
         if swapped and self.on_patch is not None:

@@ -417,8 +417,7 @@ class QmvKernel:
         return self.tensor and self.k_split == 1
 
     def compiled_rows(self, rows: int) -> int:
-        """The row count this kernel is compiled and run for when given `rows` rows (rows past
-        the real ones are predicated off, so any row count of one tile costs about the same)."""
+        """The rows it runs for `rows` (the rest predicated off: one tile's row counts cost alike)."""
         return qmm_mma.tensor_tile(rows) if self.tensor else row_bucket(rows)
 
     @property

@@ -273,21 +273,53 @@ def patch_model(model: nn.Module, table: TuningTable | None = None) -> int:
     head = tuned_head(model, table, candidates)
     if head is not None:
         swaps.append(("model.embed_tokens", head))
-    # Opt-in: on the H200 it verified, but decoded B = 8 slower than the unfolded layers in three
-    # of four pairs of processes (median 1525 vs 1677 tok/s, process_spread-gpu-20261201-014127.json).
-    fold = _switch("LOCALS_GLU_FOLD", default=False)
-    gate = _switch("LOCALS_GATED_FOLD", default=True)
     for path, tuned in swaps:
-        if gate and path.endswith("mlp.fused_gate_up"):  # writes silu(gate) * up (forward.py's _finish)
-            tuned.fold_gated()
-        elif fold and path.endswith("mlp.down_proj"):  # takes the joined gate/up output as it is (forward.py)
-            tuned.fold_glu()
+        _fold_activation(path, tuned)
     if swaps:
         model.update_modules(tree_unflatten(swaps))
         if _switch("LOCALS_NORM_FOLD", default=True):
             fold_norms(model)
         modules_swapped()
     return len(swaps)
+
+
+def reroute(model: nn.Module, table: TuningTable) -> int:
+    """Give layers swapped earlier the routes `table` has now for their problems (idle tuning
+    timed row counts they lacked when the model loaded), folds checked again; returns how many changed."""
+    candidates = _candidates_by_name()
+    changed = 0
+    for path, layer in model.named_modules():
+        if not isinstance(layer, (TunedQuantizedLinear, TunedQuantizedEmbedding)):
+            continue
+        problem = problem_of(layer)
+        if problem.key not in table.choices:
+            continue
+        routes = _routes_for(problem, table, candidates)
+        if _names(routes) == _names(layer._routes.kernels):
+            continue
+        layer._routes = _Routes(routes)
+        if isinstance(layer, TunedQuantizedLinear):
+            _fold_activation(path, layer)
+        changed += 1
+    if changed:
+        if _switch("LOCALS_NORM_FOLD", default=True):
+            fold_norms(model)
+        modules_swapped()
+    return changed
+
+
+def _names(routes: dict[int, object]) -> dict[int, str]:
+    return {rows: kernel.name for rows, kernel in routes.items()}
+
+
+def _fold_activation(path: str, tuned: TunedQuantizedLinear) -> None:
+    """SwiGLU into a joined gate/up kernel (default) or, opt-in, into a down projection's."""
+    if path.endswith("mlp.fused_gate_up") and _switch("LOCALS_GATED_FOLD", default=True):
+        tuned.fold_gated()  # writes silu(gate) * up (forward.py's _finish)
+    # Opt-in: on the H200 it verified, but decoded B = 8 slower than the unfolded layers in three
+    # of four pairs of processes (median 1525 vs 1677 tok/s, process_spread-gpu-20261201-014127.json).
+    elif path.endswith("mlp.down_proj") and _switch("LOCALS_GLU_FOLD", default=False):
+        tuned.fold_glu()  # takes the joined gate/up output as it is (forward.py)
 
 
 # The linears whose output a llama/qwen-family layer adds to the residual stream and normalizes.
