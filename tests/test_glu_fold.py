@@ -8,6 +8,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+import pytest
 from mlx_lm.models.activations import swiglu
 
 from locals.engine import forward as fwd
@@ -79,21 +80,25 @@ def test_a_layer_folds_the_rows_that_passed_and_no_others():
     assert kernel.folded == 2 + 1  # one 8-row tile checked at 2 and 5 rows, then the call above
 
 
-def test_forward_folds_the_activation_into_down_proj(monkeypatch):
+@pytest.mark.parametrize("form", ["gated", "glu"])
+def test_forward_takes_the_activation_from_a_folded_kernel(monkeypatch, form):
+    # gated: the joined gate/up layer's kernel writes it; glu: down_proj's kernel takes [gate | up].
     model = _qwen3(True)
     fuse_projections(model)
     monkeypatch.setattr(fwd, "JOINED_MAX_TOKENS", {"fused_qkv": 64, "fused_gate_up": 64})
     prompt = [5, 17, 42, 7, 99, 3]
     before = _run(model, prompt, CompiledBlocks())
-    kernel = OpsGlu()
+    kernel = OpsGated() if form == "gated" else OpsGlu()
+    name = "fused_gate_up" if form == "gated" else "down_proj"
     for layer in model.model.layers:
-        layer.mlp.down_proj = TunedQuantizedLinear(layer.mlp.down_proj, {1: kernel})
-        assert layer.mlp.down_proj.fold_glu() == 1
+        tuned = TunedQuantizedLinear(getattr(layer.mlp, name), {1: kernel})
+        setattr(layer.mlp, name, tuned)
+        assert (tuned.fold_gated() if form == "gated" else tuned.fold_glu()) == 1
     checks = kernel.folded
     after = _run(model, prompt, CompiledBlocks())
     for a, b in zip(after, before):
         np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)
-    # The two decode steps (one row) folded the activation in every layer; the prompt did not.
+    # The two decode steps (one row) took the activation from the kernel in every layer; the prompt did not.
     assert kernel.folded - checks >= len(model.model.layers)
 
 
@@ -124,13 +129,13 @@ class OpsGated:
     takes_gated = True
 
     def __init__(self, name: str = "ops-gated", wrong: bool = False):
-        self.name, self.wrong, self.gated = name, wrong, 0
+        self.name, self.wrong, self.folded = name, wrong, 0
 
     def __call__(self, x, w, scales, biases, group_size, bits, gated=False):
         y = quantized_matmul(x, w, scales, biases, group_size, bits)
         if not gated:
             return y
-        self.gated += 1
+        self.folded += 1
         gate, up = mx.split(y, 2, axis=-1)
         return swiglu(up, gate) if self.wrong else swiglu(gate, up)
 
@@ -164,24 +169,6 @@ def test_a_joined_layer_writes_the_activation_for_the_rows_that_passed():
     assert tuned.gated(mx.zeros((3, 128))) is None  # no route for 3 rows
     with mlx_ops_only():
         assert tuned.gated(x) is None
-
-
-def test_forward_takes_the_activation_from_the_gate_up_kernel(monkeypatch):
-    model = _qwen3(True)
-    fuse_projections(model)
-    monkeypatch.setattr(fwd, "JOINED_MAX_TOKENS", {"fused_qkv": 64, "fused_gate_up": 64})
-    prompt = [5, 17, 42, 7, 99, 3]
-    before = _run(model, prompt, CompiledBlocks())
-    kernel = OpsGated()
-    for layer in model.model.layers:
-        layer.mlp.fused_gate_up = TunedQuantizedLinear(layer.mlp.fused_gate_up, {1: kernel})
-        assert layer.mlp.fused_gate_up.fold_gated() == 1
-    checks = kernel.gated
-    after = _run(model, prompt, CompiledBlocks())
-    for a, b in zip(after, before):
-        np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)
-    # The decode steps (one row) took the activation from the kernel in every layer; the prompt did not.
-    assert kernel.gated - checks >= len(model.model.layers)
 
 
 def test_patching_gates_the_joined_gate_up_unless_switched_off(monkeypatch):

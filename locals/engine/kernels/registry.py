@@ -127,9 +127,7 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
     def fold_norm(self, eps: float) -> int:
         """Check the residual add + RMSNorm form of this layer's kernels on this device (an
         o_proj's or down_proj's; normfold.py) and use it for the row counts that pass; returns how many."""
-        n, packed = self["weight"].shape
-        self._routes.norm_rows = normfold.foldable_rows(self._routes.kernels, n, packed * 32 // self.bits,
-                                                        self.bits, self.group_size, self["scales"].dtype, eps)
+        self._routes.norm_rows = normfold.foldable_rows(self._routes.kernels, *self._problem(), eps)
         if self._routes.norm_rows and self._routes.count is None:
             self._routes.count = normfold.counter()
         return len(self._routes.norm_rows)
@@ -137,18 +135,19 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
     def fold_gated(self) -> int:
         """Check the gated form of this layer's kernels on this device (a joined gate/up
         projection's; glu.py) and use it for the row counts that pass; returns how many."""
-        n, packed = self["weight"].shape
-        self._routes.gated_rows = glu.gated_rows(self._routes.kernels, n, packed * 32 // self.bits, self.bits,
-                                                 self.group_size, self["scales"].dtype)
+        self._routes.gated_rows = glu.gated_rows(self._routes.kernels, *self._problem())
         return len(self._routes.gated_rows)
 
     def fold_glu(self) -> int:
         """Check the joined gate/up form of this layer's kernels on this device (a down
         projection's; glu.py) and use it for the row counts that pass; returns how many."""
-        n, packed = self["weight"].shape
-        self._routes.glu_rows = glu.foldable_rows(self._routes.kernels, n, packed * 32 // self.bits, self.bits,
-                                                  self.group_size, self["scales"].dtype)
+        self._routes.glu_rows = glu.foldable_rows(self._routes.kernels, *self._problem())
         return len(self._routes.glu_rows)
+
+    def _problem(self) -> tuple:
+        """(n, k, bits, group size, dtype) of this layer, as the fold checks take them."""
+        n, packed = self["weight"].shape
+        return n, packed * 32 // self.bits, self.bits, self.group_size, self["scales"].dtype
 
 
 class TunedQuantizedEmbedding(nn.QuantizedEmbedding):
