@@ -278,8 +278,8 @@ def test_row_counts_the_table_lacks_take_the_kernel_of_their_tile():
     routes = _routes_for(problem, table, {**by_name, "mlx-pad8": PaddedCandidate(8)})
     assert 1 not in routes  # one row is not tuned on CUDA: MLX's vector kernel
     assert routes[3].name == "mlx-pad8"  # 4's choice, padded to 8 rows either way
-    assert 6 not in routes  # timed: MLX's op won
-    assert routes[5] is routes[7] is narrow  # 8's kernel, one 8-row tile
+    assert 5 not in routes and 6 not in routes  # 6 timed and MLX's op won: 5 takes that
+    assert routes[7] is narrow  # 8's kernel, one 8-row tile
     assert all(routes[m] is narrow for m in range(9, 17))  # 16's, one 16-row tile
     assert all(routes[m] is wide for m in range(17, 33))  # 32's (17-32 rows: the wide kernel)
     assert max(routes) == 32

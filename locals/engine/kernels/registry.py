@@ -222,8 +222,8 @@ def _fill_in(routes: dict[int, object], chosen: dict[int, str], problem: Problem
     for rows in tunable:
         if rows in chosen:
             continue
-        above = min((t for t in routes if t > rows), default=None)
-        kernel = routes.get(above)
+        above = min((t for t in chosen if t > rows), default=None)
+        kernel = routes.get(above)  # None where MLX's op won there (or the choice is unusable)
         tile = getattr(kernel, "compiled_rows", None)  # MLX-op candidates have none: no fill-in
         if (tile is not None and tile(rows) == tile(above)
                 and kernel.supports(rows, problem.bits, problem.group_size, problem.mx_dtype, problem.mx_dtype)):
