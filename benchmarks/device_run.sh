@@ -6,6 +6,10 @@
 #   tune        `locals tune` on MODEL's layer shapes, rows 8,16,32,4,2 then the rest, each stopped
 #               after $TUNE_SECONDS (240) with what it measured saved, so the next parts run tuned;
 #               TUNE_ONLY=qmma,... tries only those candidates (and MLX's op)
+#   head        `locals tune` on the tied lm_head (vocab x hidden) alone, the two tensor-core
+#               candidates that win the layers, rows 8,4,2,16,32, stopped after $TUNE_SECONDS (240)
+#   gated       gated_kernel (SwiGLU inside the gate/up kernel against its product + MLX's
+#               activation, rows 2..16), then batch_decode B = 4,8,16 with and without it, 5 rounds
 #   decode      batch_decode B = 1..32, locals (tuned) vs locals untuned vs locals with q/k/v and
 #               gate/up apart vs mlx-lm, 3 rounds
 #   ragged      batch_decode B = 8,32 with prompts of 64..256 tokens (rows at different lengths:
@@ -52,6 +56,13 @@ for part in ${parts//,/ }; do
     tune) # The row counts that matter most first, then the rest, each stopped with what it measured saved.
       timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 8,16,32,4,2 ${TUNE_ONLY:+--only $TUNE_ONLY}
       timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 2-32 ${TUNE_ONLY:+--only $TUNE_ONLY} ;;
+    head) lm_head=$(shapes | tr ' ' '\n' | grep x | sort -n | tail -1)  # vocab x hidden: the largest shape
+      timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune --shape "$lm_head" --rounds 3 \
+        --rows 8,4,2,16,32 --only qmma-r16-t128,qmma-r16-t256 ;;
+    gated) timeout 120 python3 benchmarks/gated_kernel.py --rows 2,4,8,16 --rounds 5
+      save
+      timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
+      --batches 4,8,16 --tokens 64 --prompt-len 64 --rounds 5 --ungated-baseline ;;
     decode) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline --unfused-baseline ;;
     ragged) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
