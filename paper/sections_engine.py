@@ -20,11 +20,14 @@ BATCH_PEERS = {"locals": "locals", "mlx-lm": "mlx-lm", "locals-lookup": "locals 
 
 
 def batch_files(files: list[Result]) -> list[Result]:
-    """The newest file, then older ones of the same setup only for batch sizes it lacks."""
+    """The newest file, then older ones of the same setup only for batch sizes it lacks. The
+    setup includes the tuning table's choices (kernels chosen per layer shape and rows): a run
+    with another table measured other code paths (no table, or none recorded: the same)."""
     if not files:
         return []
     newest = files[-1]
-    setup = lambda r: (r.data.get("model"), r.data.get("tokens"), r.data.get("prompt_len"))  # noqa: E731
+    setup = lambda r: (r.data.get("model"), r.data.get("tokens"), r.data.get("prompt_len"),  # noqa: E731
+                       r.data.get("tuning_choices") or {})
     chosen, seen = [newest], {row["batch"] for row in newest.data["rows"]}
     for older in reversed(files[:-1]):
         extra = {row["batch"] for row in older.data["rows"]} - seen

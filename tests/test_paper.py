@@ -178,3 +178,20 @@ def test_batch_table_leaves_out_runs_with_mlx_settings_changed():
     assert _mlx_settings(plain) == set() and _mlx_settings(tuned) == {"MLX_CUDA_GRAPH_CACHE_SIZE"}
     sec = batch_decode([plain, tuned])
     assert [f.name for f in sec.files] == [plain.name] and "100.0" in sec.markdown and "999.0" not in sec.markdown
+
+
+def test_batch_table_fills_batch_sizes_only_from_runs_with_the_same_tuning_table():
+    from paper.results import Result
+    from paper.sections_engine import batch_files
+
+    def run(day: int, batches: list[int], choices: dict | None) -> Result:
+        rows = [{"batch": b, "locals": {"decode_tps": {"median": 1.0, "min": 1.0, "max": 1.0, "n": 1}}}
+                for b in batches]
+        return Result(Path(f"batch_decode-gpu-202601{day:02d}-000000.json"),
+                      {"model": "m", "tokens": 8, "prompt_len": 4, "rows": rows, "tuning_choices": choices})
+
+    table = {"q4-g64-bfloat16-64x32": {"8": "cuda-qmma-r16-t128"}}
+    unrecorded, other, same, newest = run(1, [2], None), run(2, [16], {}), run(3, [32, 8], table), run(4, [8], table)
+    assert [f.name for f in batch_files([unrecorded, other, same, newest])] == [newest.name, same.name]
+    # No table (a CPU) and none recorded (older files) are the same setup.
+    assert [f.name for f in batch_files([unrecorded, other])] == [other.name, unrecorded.name]
