@@ -193,9 +193,9 @@ GATED_KERNELS = ([(k, mx.bfloat16) for k in qmm.candidates("cuda")
 
 @pytest.mark.parametrize("kernel,dtype", GATED_KERNELS, ids=lambda k: getattr(k, "name", str(k).rsplit(".", 1)[-1]))
 def test_cuda_tensor_kernel_writes_the_gated_activation(kernel, dtype):
-    # A joined [gate | up] weight; silu(gate) * up out, against the float32 truth, with halves
-    # that are not a multiple of a tile's 8 or 16 columns, K of an odd number of groups, and
-    # each row tile's edges.
+    # A joined [gate | up] weight; silu(gate) * up out, against the float32 truth: halves of 97
+    # columns (not a multiple of a tile's 8), 1000 (not of 16) and 1216 (an eighth of Qwen3-4B's),
+    # at each row tile's edges.
     from locals.engine.kernels import glu
 
     rows = [m for m in (1, 5, 8, 13, 16, 17, 21, 32) if kernel.supports(m, 4, 64, dtype, dtype)]
