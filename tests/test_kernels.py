@@ -14,7 +14,7 @@ from locals.engine.kernels.reference import (MAX_COPIES, DequantizedCandidate, P
                                              dequantized_matmul, quantized_matmul, random_problem, rotating)
 from locals.engine.kernels.registry import TunedQuantizedLinear, layer_problem, patch_model, tuned_linear
 from locals.engine.kernels.tuning import (MLX_OP, Problem, TuningTable, current_chip, kernels_tag, load_table,
-                                          measure, model_problems, save_table, table_path, tune)
+                                          measure, model_problems, save_table, table_path, tune, tuning_rows)
 from locals.engine.kernels.verify import Case, check, default_cases, passes, verify
 
 SMALL_SHAPES = ((33, 128), (7, 192))
@@ -195,9 +195,9 @@ def test_tune_pauses_and_resumes():
 
 
 def test_tuning_rows_cover_every_row_count_the_kernels_take():
-    assert qmm.tuning_rows("metal") == qmm.tuning_rows("cpu") == list(range(1, qmm.MAX_ROWS + 1))
+    assert tuning_rows("metal") == tuning_rows("cpu") == list(range(1, qmm.MAX_ROWS + 1))
     # One row: MLX's own kernel; 17-32 rows: the tensor-core kernel's wide candidates.
-    assert qmm.tuning_rows("cuda") == list(range(2, qmm.WIDE_MAX_ROWS + 1))
+    assert tuning_rows("cuda") == list(range(2, qmm.WIDE_MAX_ROWS + 1))
 
 
 def test_ctrl_c_or_sigterm_stops_tuning_at_a_pause_point():

@@ -15,10 +15,9 @@ import logging
 from collections.abc import Callable
 
 
-from locals.engine.kernels import qmm
 from locals.engine.kernels.registry import patch_model, reroute
 from locals.engine.kernels.tuning import (current_chip, default_candidates, load_table, model_problems, new_table,
-                                          save_table, screen, tune)
+                                          save_table, screen, tune, tuning_rows)
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +30,7 @@ class BackgroundTuning:
     def __init__(self, model, rows: range | list[int] | None = None,
                  on_patch: Callable[[int], None] | None = None):
         self.model = model
-        self.rows = qmm.tuning_rows(current_chip()[0]) if rows is None else list(rows)
+        self.rows = tuning_rows(current_chip()[0]) if rows is None else list(rows)
         self.problems = model_problems(model)
         self.table = load_table()
         self.patched = 0

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -29,6 +28,7 @@ import mlx.nn as nn
 import numpy as np
 
 from locals.engine.kernels.resident import float_constant
+from locals.engine.kernels.switch import Switch
 from locals.engine.kernels.verify import matches
 
 log = logging.getLogger(__name__)
@@ -206,17 +206,12 @@ TAG = hashlib.sha1((CUDA_SOURCE + METAL_SOURCE).encode()).hexdigest()[:10]
 DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 MAX_SHARED_FLOATS = 4096  # W * head_dim: 16 KiB of partial outputs (Metal's threadgroup memory is 32 KiB)
 _KERNELS: dict[str, object] = {}
-_off = {"depth": 0}  # > 0 while mlx_attention() is active
+_kernel_on = Switch()  # off while mlx_attention() is active
 
 
-@contextmanager
-def mlx_attention() -> Iterator[None]:
+def mlx_attention() -> AbstractContextManager[None]:
     """While active, decode steps attend with MLX's op (benchmarks compare the two on one engine)."""
-    _off["depth"] += 1
-    try:
-        yield
-    finally:
-        _off["depth"] -= 1
+    return _kernel_on.off()
 
 
 def warps_for(length: int, head_dim: int) -> int:
@@ -314,7 +309,7 @@ def verified(kernel: DecodeAttention) -> str:
 def active_for(attn: nn.Module, q: mx.array) -> DecodeAttention | None:
     """The kernel attached to `attn` when it may run on q (not switched off, q in its dtype)."""
     kernel = getattr(attn, "decode_attention", None)
-    if kernel is None or _off["depth"] or q.dtype != kernel.dtype or q.shape[-1] != kernel.head_dim:
+    if kernel is None or not _kernel_on.on or q.dtype != kernel.dtype or q.shape[-1] != kernel.head_dim:
         return None
     return kernel
 

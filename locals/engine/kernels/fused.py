@@ -4,30 +4,25 @@ switch that runs MLX's ops instead."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import mlx.nn as nn
 
 from locals.engine.kernels import addnorm, decode_attention, headprep
+from locals.engine.kernels.switch import Switch
 
-_off = {"depth": 0}  # > 0 while mlx_ops() is active
+_fused = Switch()  # off while mlx_ops() is active
 
 
-@contextmanager
-def mlx_ops() -> Iterator[None]:
+def mlx_ops() -> AbstractContextManager[None]:
     """While active, layers run MLX's ops where a fused kernel is attached (benchmarks compare
     the two on one engine; not for concurrent serving)."""
-    _off["depth"] += 1
-    try:
-        yield
-    finally:
-        _off["depth"] -= 1
+    return _fused.off()
 
 
 def active() -> bool:
     """False while `mlx_ops()` is active (compiled graphs are kept apart by it)."""
-    return _off["depth"] == 0
+    return _fused.on
 
 
 def attach(model: nn.Module, backend: str) -> dict[str, int]:

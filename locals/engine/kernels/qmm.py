@@ -373,15 +373,6 @@ def _kernel(backend: str, variant: str):
     return _KERNELS[(backend, variant)]
 
 
-def tuning_rows(backend: str) -> list[int]:
-    """Row counts worth tuning on `backend`: 2..WIDE_MAX_ROWS on CUDA, 1..MAX_ROWS elsewhere. One
-    row keeps MLX's kernel on CUDA: on the H200 the tensor-core one decoded one stream no faster
-    in two runs (process_spread-gpu-20261130-230055.json, process_spread-gpu-20261201-015852.json)."""
-    if backend == "cuda":
-        return list(range(2, WIDE_MAX_ROWS + 1))
-    return list(range(1, MAX_ROWS + 1))
-
-
 def row_bucket(rows: int) -> int:
     """The compiled row count that serves `rows` (the smallest bucket >= rows)."""
     return next(b for b in ROW_BUCKETS if b >= rows)
@@ -409,12 +400,10 @@ class QmvKernel:
         return self.tensor
 
     @property
-    def takes_gated(self) -> bool:  # a joined [gate | up] weight, output silu(gate) * up, `gated=True`
-        return self.tensor and self.k_split == 1
-
-    @property
     def takes_norm(self) -> bool:  # the residual add and RMSNorm after the product (qmm_mma.py)
         return self.tensor and self.k_split == 1
+
+    takes_gated = takes_norm  # a joined [gate | up] weight, output silu(gate) * up (`gated=True`): the same kernels
 
     def compiled_rows(self, rows: int) -> int:
         """The rows it runs for `rows` (the rest predicated off: one tile's row counts cost alike)."""

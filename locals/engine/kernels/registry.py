@@ -10,54 +10,44 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from locals.engine.kernels import glu, normfold, qmm
+from locals.engine.kernels import glu, normfold
 from locals.engine.kernels.resident import float_constant
+from locals.engine.kernels.switch import Switch
 from locals.engine.kernels.tuning import (MLX_OP, Problem, TuningTable, current_chip, default_candidates, load_table,
-                                         problem_of, tied_head)
+                                         problem_of, tied_head, tuning_rows)
 
 
-_bypass = {"depth": 0}  # > 0 while mlx_ops_only() is active
-_ungated = {"depth": 0}  # > 0 while ungated() is active
+_kernels = Switch()  # off while mlx_ops_only() is active
+_gated = Switch()  # off while ungated() is active
 _swaps = {"count": 0}  # bumped by modules_swapped(): compiled graphs of older modules are stale
 
 
-@contextmanager
-def mlx_ops_only() -> Iterator[None]:
+def mlx_ops_only() -> AbstractContextManager[None]:
     """While active, tuned layers run MLX's own op: measures a peer, or locals without
     kernels, on the same model object side by side (not for concurrent serving)."""
-    _bypass["depth"] += 1
-    try:
-        yield
-    finally:
-        _bypass["depth"] -= 1
+    return _kernels.off()
 
 
-@contextmanager
-def ungated() -> Iterator[None]:
+def ungated() -> AbstractContextManager[None]:
     """While active, joined gate/up layers write [gate | up] and MLX applies the activation
     (benchmarks time the gated fold against that on one engine)."""
-    _ungated["depth"] += 1
-    try:
-        yield
-    finally:
-        _ungated["depth"] -= 1
+    return _gated.off()
 
 
 def gated_active() -> bool:
     """Whether folded activations may run (not inside `ungated()`; compiled graphs are keyed by it)."""
-    return _ungated["depth"] == 0
+    return _gated.on
 
 
 def bypassed() -> bool:
     """Whether `mlx_ops_only()` is active (compiled graphs that traced a kernel must not be reused)."""
-    return _bypass["depth"] > 0
+    return not _kernels.on
 
 
 def modules_swapped() -> None:
@@ -95,7 +85,7 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
         glu.py verified it for gu's row count; None otherwise (the caller applies the
         activation and calls the layer)."""
         rows = math.prod(gu.shape[:-1])
-        if rows not in self._routes.glu_rows or _bypass["depth"] or gu.dtype != self["scales"].dtype:
+        if rows not in self._routes.glu_rows or not _kernels.on or gu.dtype != self["scales"].dtype:
             return None
         y = self._routes.get(rows)(gu, self["weight"], self["scales"], self["biases"], self.group_size, self.bits,
                                    glu=True)
@@ -105,7 +95,7 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
         """silu(gate) * up for this joined [gate | up] layer's output on x, in one kernel where
         glu.py verified it for x's row count; None otherwise (the caller runs the layer and the activation)."""
         rows = math.prod(x.shape[:-1])
-        if (rows not in self._routes.gated_rows or _bypass["depth"] or _ungated["depth"]
+        if (rows not in self._routes.gated_rows or not _kernels.on or not _gated.on
                 or x.dtype != self["scales"].dtype or "bias" in self):
             return None
         return self._routes.get(rows)(x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits,
@@ -116,7 +106,7 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
         row count and `norm` is a plain RMSNorm; None otherwise (the caller calls the layer,
         adds and normalizes)."""
         rows = math.prod(x.shape[:-1])
-        if (rows not in self._routes.norm_rows or _bypass["depth"] or x.dtype != self["scales"].dtype
+        if (rows not in self._routes.norm_rows or not _kernels.on or x.dtype != self["scales"].dtype
                 or "bias" in self or type(norm) is not nn.RMSNorm):
             return None
         h2, xn = self._routes.get(rows).add_norm(x.reshape(rows, x.shape[-1]), h.reshape(rows, h.shape[-1]),
@@ -171,7 +161,7 @@ class TunedQuantizedEmbedding(nn.QuantizedEmbedding):
 def _routed(layer, x: mx.array) -> mx.array | None:
     """`layer`'s weights applied to x by the kernel tuned for x's row count; None where MLX's op serves."""
     kernel = layer._routes.get(math.prod(x.shape[:-1]))
-    if kernel is None or _bypass["depth"] or x.dtype != layer["scales"].dtype:
+    if kernel is None or not _kernels.on or x.dtype != layer["scales"].dtype:
         return None
     return kernel(x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits)
 
@@ -207,7 +197,7 @@ def _routes_for(problem: Problem, table: TuningTable, by_name: dict[str, object]
     chosen = {int(rows): name for rows, name in table.choices.get(problem.key, {}).items()}
     routes = {rows: by_name[name] for rows, name in chosen.items()
               if name != MLX_OP and name in by_name and name not in table.rejected}
-    return _fill_in(routes, chosen, problem, qmm.tuning_rows(table.chip.split(":", 1)[0]))
+    return _fill_in(routes, chosen, problem, tuning_rows(table.chip.split(":", 1)[0]))
 
 
 def _fill_in(routes: dict[int, object], chosen: dict[int, str], problem: Problem, tunable: list[int]) -> dict:

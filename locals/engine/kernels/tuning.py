@@ -76,6 +76,15 @@ class TuningTable:
         return self.choices.get(key, {}).get(str(rows), MLX_OP)
 
 
+def tuning_rows(backend: str) -> list[int]:
+    """Row counts worth tuning on `backend`: 2..WIDE_MAX_ROWS on CUDA, 1..MAX_ROWS elsewhere. One
+    row keeps MLX's kernel on CUDA: on the H200 the tensor-core one decoded one stream no faster
+    in two runs (process_spread-gpu-20261130-230055.json, process_spread-gpu-20261201-015852.json)."""
+    if backend == "cuda":
+        return list(range(2, qmm.WIDE_MAX_ROWS + 1))
+    return list(range(1, qmm.MAX_ROWS + 1))
+
+
 def current_chip() -> tuple[str, str]:
     """(backend kind, a stable name of this chip) as MLX reports them."""
     from locals.engine.backend import detect
@@ -233,7 +242,7 @@ def tune(problems: list[Problem], rows: range | list[int] | None = None, candida
     unless `screened` says `candidates` already passed `screen`.
     """
     kind = current_chip()[0]
-    rows = qmm.tuning_rows(kind) if rows is None else list(rows)
+    rows = tuning_rows(kind) if rows is None else list(rows)
     progress = progress or (lambda _msg: None)
     if table is None:
         table = new_table()
