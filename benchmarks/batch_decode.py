@@ -6,6 +6,7 @@ locals' engine against mlx-lm's BatchGenerator, same prompts, interleaved rounds
     python benchmarks/batch_decode.py --random-model qwen3-4b --batches 8,32 --length-spread 192   # rows of different lengths
     python benchmarks/batch_decode.py --random-model qwen3-4b --unfused-baseline   # what joined q/k/v, gate/up add
     python benchmarks/batch_decode.py --random-model qwen3-4b --ungated-baseline   # SwiGLU in gate/up's kernel or not
+    python benchmarks/batch_decode.py --random-model qwen3-4b --seams-baseline   # one compiled graph a step or not
     python benchmarks/batch_decode.py --random-model qwen3-4b --length-spread 448 \
         --mlx-attention-baseline   # the decode attention kernel against MLX's attention, rows at 64..512
 """
@@ -23,27 +24,26 @@ from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas 
 from locals.engine.bench import run_locals, run_mlx_lm  # noqa: E402
 
 
-def untuned(engine, prompts, tokens):
-    """locals with MLX's own matmuls in every tuned layer: what the kernels add, same engine."""
-    from locals.engine.kernels import mlx_ops_only
+# Variants of locals on the same engine with one part switched off: flag -> (runner name,
+# the module and context manager that switch it off, help).
+SWITCHED_OFF = {
+    "untuned": ("locals-untuned", "locals.engine.kernels", "mlx_ops_only",
+                "also run locals with MLX's own matmuls (no tuned kernels), when this chip is tuned"),
+    "mlx_attention": ("locals-mlx-attention", "locals.engine.kernels.decode_attention", "mlx_attention",
+                      "also run locals with MLX's attention in decode steps (no decode attention kernel)"),
+    "ungated": ("locals-ungated", "locals.engine.kernels.registry", "ungated",
+                "also run locals with SwiGLU as MLX's op instead of inside the gate/up kernel"),
+    "seams": ("locals-seams", "locals.engine.compiled", "seams_only",
+              "also run locals with decode steps as compiled seams around eager attention, not one "
+              "compiled graph a step"),
+}
 
-    with mlx_ops_only():
-        return run_locals(engine, prompts, tokens)
 
+def switched_off(module: str, name: str, engine, prompts, tokens):
+    """locals with one part switched off (`module.name()`, a context manager), same engine."""
+    import importlib
 
-def mlx_attention(engine, prompts, tokens):
-    """locals with MLX's attention in decode steps instead of the decode attention kernel."""
-    from locals.engine.kernels.decode_attention import mlx_attention as switch
-
-    with switch():
-        return run_locals(engine, prompts, tokens)
-
-
-def ungated(engine, prompts, tokens):
-    """locals with the MLP's activation as MLX's op after the joined gate/up kernel (not inside it)."""
-    from locals.engine.kernels.registry import ungated as switch
-
-    with switch():
+    with getattr(importlib.import_module(module), name)():
         return run_locals(engine, prompts, tokens)
 
 
@@ -60,12 +60,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--with-lookup", action="store_true",
                     help="also run locals with prompt-lookup drafts on ('locals' runs without: this "
                          "benchmark measures batching; random weights repeat themselves, which drafts exploit)")
-    ap.add_argument("--untuned-baseline", action="store_true",
-                    help="also run locals with MLX's own matmuls (no tuned kernels), when this chip is tuned")
-    ap.add_argument("--mlx-attention-baseline", action="store_true",
-                    help="also run locals with MLX's attention in decode steps (no decode attention kernel)")
-    ap.add_argument("--ungated-baseline", action="store_true",
-                    help="also run locals with SwiGLU as MLX's op instead of inside the gate/up kernel")
+    for flag, (_, _, _, text) in SWITCHED_OFF.items():
+        ap.add_argument(f"--{flag.replace('_', '-')}-baseline", action="store_true", help=text)
     ap.add_argument("--unfused-baseline", action="store_true",
                     help="also run locals on a second copy of the model whose q/k/v and gate/up linears "
                          "stay apart (EngineConfig.fuse_projections off)")
@@ -80,12 +76,9 @@ def runners_for(args, engine, lookup, unfused, ours, theirs, ps) -> dict:
         "locals": lambda: run_locals(engine, ps, args.tokens),
         "mlx-lm": lambda: run_mlx_lm(theirs, ps, args.tokens),
     }
-    if args.untuned_baseline:
-        runners["locals-untuned"] = lambda: untuned(engine, ps, args.tokens)
-    if args.mlx_attention_baseline:
-        runners["locals-mlx-attention"] = lambda: mlx_attention(engine, ps, args.tokens)
-    if args.ungated_baseline:
-        runners["locals-ungated"] = lambda: ungated(engine, ps, args.tokens)
+    for flag, (name, module, switch, _) in SWITCHED_OFF.items():
+        if getattr(args, f"{flag}_baseline"):
+            runners[name] = lambda m=module, f=switch: switched_off(m, f, engine, ps, args.tokens)
     if unfused is not None:
         runners["locals-unfused"] = lambda: run_locals(unfused, ps, args.tokens)
     if lookup is not None:

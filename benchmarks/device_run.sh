@@ -10,6 +10,8 @@
 #               candidates that win the layers, rows 8,4,2,16,32, stopped after $TUNE_SECONDS (240)
 #   gated       gated_kernel (SwiGLU inside the gate/up kernel against its product + MLX's
 #               activation, rows 2..16), then batch_decode B = 4,8,16 with and without it, 5 rounds
+#   whole       batch_decode B = 1..32 with each decode step one compiled graph against compiled seams
+#               around eager attention (same engine) and mlx-lm, rows all at 64 tokens, then at 64..512
 #   decode      batch_decode B = 1..32, locals (tuned) vs locals untuned vs locals with q/k/v and
 #               gate/up apart vs mlx-lm, 3 rounds
 #   ragged      batch_decode B = 8,32 with prompts of 64..256 tokens (rows at different lengths:
@@ -17,7 +19,7 @@
 #   attention   batch_decode B = 1,8,32, rows at 64..512 tokens then all at 64, with the decode attention
 #               kernel vs MLX's attention (same engine) vs mlx-lm
 #   profile     step_profile B = 1,4,8,32 (phases of a decode step); LENGTH_SPREAD=448 puts rows at
-#               64..512 tokens
+#               64..512 tokens; VARIANTS=locals,seams adds compiled seams (step_profile --variants)
 #   donation    kv_donation: does a K/V write copy the cache while the step before still runs?
 #   parts       step_parts B = 1,4,8: each part of a step in MLX itself (matmuls on mlx-lm's
 #               (B, 1, hidden) input and on the engine's flat one, attention, lm_head, ...)
@@ -63,6 +65,11 @@ for part in ${parts//,/ }; do
       save
       timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 4,8,16 --tokens 64 --prompt-len 64 --rounds 5 --ungated-baseline ;;
+    whole) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
+      --batches 8,1,32,2,4,16 --tokens 64 --prompt-len 64 --rounds 3 --seams-baseline
+      save
+      timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
+      --batches 8,32 --tokens 64 --prompt-len 64 --length-spread 448 --rounds 3 --seams-baseline ;;
     decode) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline --unfused-baseline ;;
     ragged) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
@@ -76,7 +83,7 @@ for part in ${parts//,/ }; do
       --batches 1,4,8 --repeats 10 ;;
     donation) timeout 120 python3 benchmarks/kv_donation.py --tokens 8192 --steps 20 --work 8192 ;;
     profile) timeout "${PROFILE_TIMEOUT:-150}" python3 benchmarks/step_profile.py --random-model "$model" \
-      --batches 1,4,8,32 --tokens 32 --variants locals ${LENGTH_SPREAD:+--length-spread $LENGTH_SPREAD} ;;
+      --batches 1,4,8,32 --tokens 32 --variants ${VARIANTS:-locals} ${LENGTH_SPREAD:+--length-spread $LENGTH_SPREAD} ;;
     kernels) timeout "${KERNELS_TIMEOUT:-300}" python3 benchmarks/step_kernels.py --random-model "$model" \
       --batches "${KERNEL_BATCHES:-1,8}" --steps 4 --ncu "${NCU:-ncu}" --timeout 130 ${KERNEL_BYTES:+--bytes} ;;
     mixed) timeout 120 python3 benchmarks/mixed_pass.py --random-model "$model" --rounds 15 ;;

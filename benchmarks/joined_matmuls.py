@@ -1,5 +1,5 @@
 """Joined q/k/v and gate/up matmuls (locals/engine/fuse.py) against the parts, per batch size:
-engine decode tok/s with each of `forward.JOINED_MAX_TOKENS`'s settings, with the fused
+engine decode tok/s with each of `layer_pass.JOINED_MAX_TOKENS`'s settings, with the fused
 kernels (kernels/fused.py: q/k norm + RoPE, add + norm; where attached) and with MLX's ops for
 them ("-mlx-ops"), interleaved rounds.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import interleaved, load_pair, no_eos, prompts, summary, write_results  # noqa: E402
-from locals.engine import forward  # noqa: E402
+from locals.engine import layer_pass  # noqa: E402
 from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.bench import run_locals  # noqa: E402
 from locals.engine.kernels.fused import mlx_ops  # noqa: E402
@@ -35,13 +35,13 @@ VARIANTS = {
 def with_setting(engine, setting: tuple[int, int, bool], ps, tokens: int) -> dict:
     """One batch through `engine` with the joined matmuls used up to `setting` tokens a pass,
     and the fused kernels or MLX's ops for them."""
-    saved = dict(forward.JOINED_MAX_TOKENS)
-    forward.JOINED_MAX_TOKENS.update(fused_qkv=setting[0], fused_gate_up=setting[1])
+    saved = dict(layer_pass.JOINED_MAX_TOKENS)
+    layer_pass.JOINED_MAX_TOKENS.update(fused_qkv=setting[0], fused_gate_up=setting[1])
     try:
         with nullcontext() if setting[2] else mlx_ops():
             return run_locals(engine, ps, tokens)
     finally:
-        forward.JOINED_MAX_TOKENS.update(saved)
+        layer_pass.JOINED_MAX_TOKENS.update(saved)
 
 
 def main() -> None:

@@ -131,15 +131,17 @@ class ModuleProxy:
 
 @contextlib.contextmanager
 def variant(name: str):
-    """locals as shipped; without compiled layer graphs; or with MLX's own matmuls only."""
+    """locals as shipped; without compiled graphs; with compiled seams, not whole steps; or
+    with MLX's own matmuls only."""
     from locals.engine import forward
+    from locals.engine.compiled import seams_only
     from locals.engine.kernels import mlx_ops_only
 
     limit = forward.COMPILE_MAX_TOKENS
     if name == "no-compile":
         forward.COMPILE_MAX_TOKENS = 0
     try:
-        with mlx_ops_only() if name == "mlx-ops" else contextlib.nullcontext():
+        with mlx_ops_only() if name == "mlx-ops" else seams_only() if name == "seams" else contextlib.nullcontext():
             yield
     finally:
         forward.COMPILE_MAX_TOKENS = limit
@@ -159,8 +161,8 @@ def main() -> None:
     ap.add_argument("--length-spread", type=int, default=0,
                     help="prompt lengths spread evenly over prompt-len .. prompt-len + this (rows at "
                          "different lengths; 0: all equal)")
-    ap.add_argument("--variants", default="locals,no-compile,mlx-ops",
-                    help="which of locals, no-compile, mlx-ops to run")
+    ap.add_argument("--variants", default="locals,seams,no-compile,mlx-ops",
+                    help="which of locals, seams, no-compile, mlx-ops to run")
     args = ap.parse_args()
 
     from locals.engine.engine import Engine

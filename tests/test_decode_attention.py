@@ -6,10 +6,13 @@ candidate built from MLX's ops stands in, honouring the same contract."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import mlx.core as mx
 import numpy as np
 import pytest
 
+from locals.engine.compiled import seams_only
 from locals.engine.forward import CompiledBlocks, RowInput, forward
 from locals.engine.kernels import decode_attention as da
 from locals.engine.kernels.decode_attention import DecodeAttention, check, reference, verified, warps_for
@@ -21,7 +24,7 @@ class OpsAttention(DecodeAttention):
     """The kernel's contract computed with MLX's ops."""
 
     def __call__(self, q, cache, meta, longest, scale):
-        return reference(q, cache, meta, scale)
+        return reference(q, cache, meta, scale, longest=longest)
 
 
 def _per_row(q, cache, slots, lengths, scale) -> np.ndarray:
@@ -81,30 +84,50 @@ def test_warps_grow_with_the_keys_within_shared_memory():
     assert warps_for(5000, 512) == 8  # 8 x 512 partial outputs fill the shared memory
 
 
-def _decode(model, steps: int = 3, lengths=(5, 9, 14)) -> list[np.ndarray]:
-    """Three rows with prompts of `lengths` tokens, then `steps` decode steps in a decode batch."""
+def _decode(model, steps: int = 3, lengths=(5, 9, 14), whole: bool = False) -> list[np.ndarray]:
+    """Three rows with prompts of `lengths` tokens, then `steps` decode steps in a decode batch,
+    each a compiled whole step (`whole`) or compiled seams around eager attention."""
     batch = DecodeBatch(len(model.model.layers))
     kv = [RowKV(len(model.model.layers), batch) for _ in range(3)]
     prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(n)] for i, n in enumerate(lengths)]
     forward(model, [RowInput(mx.array(p, dtype=mx.int32), len(p), c, False) for p, c in zip(prompts, kv)])
-    out = []
+    out, compiled = [], CompiledBlocks()
     for step in range(steps):
         rows = [RowInput(mx.array([11 + step + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
-        out.append(np.array(forward(model, rows, CompiledBlocks()).astype(mx.float32)))
+        with nullcontext() if whole else seams_only():
+            out.append(np.array(forward(model, rows, compiled).astype(mx.float32)))
     assert [c.length for c in kv] == [n + steps for n in lengths] and all(c.resident for c in kv)
     return out
+
+
+def _recording(monkeypatch, model, dtype=mx.float32) -> list:
+    """Give every layer an `OpsAttention` kernel; each call appends (meta or None when traced, longest)."""
+    calls = []
+    for layer in model.model.layers:
+        layer.self_attn.decode_attention = OpsAttention("cpu", 4, 2, 32, dtype)
+    real = OpsAttention.__call__
+
+    def recording(self, q, cache, meta, longest, scale):
+        traced = isinstance(q, mx.array) and _tracing(q)
+        calls.append((None if traced else np.array(meta), longest))
+        return real(self, q, cache, meta, longest, scale)
+
+    monkeypatch.setattr(OpsAttention, "__call__", recording)
+    return calls
+
+
+def _tracing(a: mx.array) -> bool:
+    try:
+        np.array(a)
+        return False
+    except ValueError:  # MLX refuses to evaluate while compiling
+        return True
 
 
 def test_decode_steps_through_the_contract_compute_what_masked_attention_computes(monkeypatch):
     model = _qwen3(False, head_dim=32)
     before = _decode(model)
-    calls = []
-    for layer in model.model.layers:
-        layer.self_attn.decode_attention = OpsAttention("cpu", 4, 2, 32, mx.float32)
-    real = OpsAttention.__call__
-    monkeypatch.setattr(OpsAttention, "__call__",
-                        lambda self, q, cache, meta, longest, scale: calls.append((np.array(meta), longest))
-                        or real(self, q, cache, meta, longest, scale))
+    calls = _recording(monkeypatch, model)
     after = _decode(model)
     for a, b in zip(after, before):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
@@ -124,6 +147,25 @@ def test_decode_steps_through_the_contract_compute_what_masked_attention_compute
     for layer in model.model.layers:
         layer.self_attn.decode_attention = OpsAttention("cpu", 4, 2, 32, mx.float32)
     _decode(model, 1, lengths=(6, 6, 6))
+    assert calls == []
+
+
+@pytest.mark.parametrize("lengths", [(5, 9, 14), (6, 6, 6)])
+def test_whole_decode_steps_attend_through_the_kernel_traced_once(monkeypatch, lengths):
+    model = _qwen3(False, head_dim=32)
+    before = _decode(model, lengths=lengths)
+    whole_with_mask = _decode(model, lengths=lengths, whole=True)  # no kernel: MLX's attention, lengths masked
+    calls = _recording(monkeypatch, model)
+    whole_with_kernel = _decode(model, lengths=lengths, whole=True)
+    for steps in (whole_with_mask, whole_with_kernel):
+        for a, b in zip(steps, before):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    # Three steps of one shape: traced once (a call a layer, inside the trace), then replayed;
+    # the kernel is told the batch's capacity (256 positions), at equal lengths too.
+    assert calls == [(None, 256)] * len(model.model.layers)
+    calls.clear()
+    with da.mlx_attention():
+        np.testing.assert_allclose(_decode(model, 1, lengths=lengths, whole=True)[0], before[0], rtol=1e-5, atol=1e-5)
     assert calls == []
 
 

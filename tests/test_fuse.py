@@ -50,7 +50,7 @@ def _logits(model, tokens: list[int]) -> np.ndarray:
 @pytest.mark.parametrize("build", [lambda: _qwen3(True), lambda: _qwen3(False), _qwen2_with_biases],
                          ids=["qwen3-4bit", "qwen3-dense", "qwen2-biases"])
 def test_joined_model_computes_what_it_did_and_holds_each_weight_once(build, monkeypatch):
-    from locals.engine import forward as fwd
+    from locals.engine import layer_pass as fwd
 
     monkeypatch.setattr(fwd, "JOINED_MAX_TOKENS", {"fused_qkv": 64, "fused_gate_up": 64})
     model = build()
@@ -102,7 +102,7 @@ def test_parts_of_different_kinds_or_settings_stay_apart():
 
 
 def test_passes_longer_than_the_setting_run_the_parts(monkeypatch):
-    from locals.engine import forward as fwd
+    from locals.engine import layer_pass as fwd
 
     model = _qwen3(True)
     fuse_projections(model)
@@ -131,7 +131,7 @@ def test_passes_longer_than_the_setting_run_the_parts(monkeypatch):
 
 
 def test_joined_matmuls_run_every_pass_but_qkv_without_the_head_kernel_on_cuda(monkeypatch):
-    from locals.engine import forward as fwd
+    from locals.engine import layer_pass as fwd
 
     class FakeCuda:
         available = True

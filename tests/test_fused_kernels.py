@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from mlx_lm.models import llama
 
-from locals.engine import forward as fwd
+from locals.engine import layer_pass as fwd
 from locals.engine.forward import CompiledBlocks, RowInput, forward
 from locals.engine.fuse import fuse_projections
 from locals.engine.kernels import addnorm, fused

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.activations import swiglu
 
-from locals.engine import forward as fwd
+from locals.engine import layer_pass as fwd
 from locals.engine.forward import CompiledBlocks
 from locals.engine.fuse import fuse_projections
 from locals.engine.kernels import glu

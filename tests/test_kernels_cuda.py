@@ -120,9 +120,13 @@ def _two_layer_qwen3(seed: int):
     return model
 
 
-def _three_rows(model) -> list[mx.array]:
+def _three_rows(model, whole: bool = True) -> list[mx.array]:
     """Logits of three prompts (17, 20 and 23 tokens) in one pass, then of two decode steps of the
-    three rows in a decode batch, at their different lengths."""
+    three rows in a decode batch, at their different lengths: each step one compiled graph
+    (`whole`), else compiled seams around eager attention."""
+    from contextlib import nullcontext
+
+    from locals.engine.compiled import seams_only
     from locals.engine.forward import CompiledBlocks, RowInput, forward
     from locals.engine.kv import DecodeBatch, RowKV
 
@@ -132,7 +136,8 @@ def _three_rows(model) -> list[mx.array]:
     out = [forward(model, [RowInput(p, p.size, c, True) for p, c in zip(prompts, kv)])]
     for step in range(2):
         rows = [RowInput(mx.array([11 + step + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
-        out.append(forward(model, rows, CompiledBlocks()))
+        with nullcontext() if whole else seams_only():
+            out.append(forward(model, rows, CompiledBlocks()))
     return [o.astype(mx.float32) for o in out]
 
 
@@ -142,10 +147,12 @@ def _assert_close(got: list[mx.array], expected: list[mx.array]) -> None:
 
 
 def test_model_with_fused_kernels_matches_mlx_ops():
+    # Every fused kernel, in whole compiled steps and in seams, against MLX's ops in seams.
     model = _two_layer_qwen3(7)
-    expected = _three_rows(model)
+    expected = _three_rows(model, whole=False)
     assert fused.attach(model, "cuda") == {"heads": 2, "norms": 2, "attention": 2}
     _assert_close(_three_rows(model), expected)
+    _assert_close(_three_rows(model, whole=False), expected)
 
 
 def test_device_stamps_order_and_time_a_chain():
@@ -239,5 +246,5 @@ def test_model_with_norms_folded_into_tuned_projections_matches_mlx_ops():
     assert all(layer.mlp.down_proj._routes.norm_rows == {2, 3} for layer in layers)
     assert all(layer.mlp.fused_gate_up._routes.gated_rows == {2, 3} for layer in layers)  # SwiGLU in gate/up's
     with mlx_ops_only():
-        expected = _three_rows(model)
+        expected = _three_rows(model, whole=False)
     _assert_close(_three_rows(model), expected)

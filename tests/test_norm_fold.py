@@ -11,7 +11,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from locals.engine import forward as fwd
+from locals.engine import layer_pass as fwd
 from locals.engine.forward import CompiledBlocks
 from locals.engine.fuse import fuse_projections
 from locals.engine.kernels import normfold

@@ -69,7 +69,7 @@ class BatchPlan:
             # (kernels/decode_attention.py) reads `meta` instead: each row's slot, then how many
             # keys it reads after this step's write.
             self.ragged, self._lengths, self._mask = len(set(lengths.tolist())) > 1, lengths, None
-            self.meta = mx.array(np.concatenate([np.asarray(slots, np.int32), lengths + 1])) if self.ragged else None
+            self.meta = mx.array(np.concatenate([np.asarray(slots, np.int32), lengths + 1]))
             return
         # Query j of row i is the row's token min(j, n_i - 1): padding repeats the last one
         # (its output is dropped), so no query row is fully masked.

@@ -214,6 +214,11 @@ def mlx_attention() -> AbstractContextManager[None]:
     return _kernel_on.off()
 
 
+def kernels_on() -> bool:
+    """False while `mlx_attention()` is active (compiled whole steps are keyed by it)."""
+    return _kernel_on.on
+
+
 def warps_for(length: int, head_dim: int) -> int:
     """Warps a threadgroup for keys up to `length`: more keys, more warps, within shared memory.
     At most 16: 32 (1024 threads) asked for more registers than an H200's SM has for one block
@@ -252,11 +257,13 @@ class DecodeAttention:
         )[0]
 
 
-def reference(q: mx.array, cache: mx.array, meta: mx.array, scale: float, stream=None) -> mx.array:
-    """The same with MLX's ops: the rows' keys and values gathered, the padding masked."""
+def reference(q: mx.array, cache: mx.array, meta: mx.array, scale: float, stream=None,
+              longest: int | None = None) -> mx.array:
+    """The same with MLX's ops: the rows' first `longest` keys and values gathered (by default
+    as many as the longest row has), the padding masked."""
     rows, rows_cap = q.shape[0], cache.shape[0] // 2
     slots, lengths = meta[:rows], meta[rows:]
-    longest = int(mx.max(lengths).item())
+    longest = int(mx.max(lengths).item()) if longest is None else longest
     keys = mx.take(cache, slots, axis=0, stream=stream)[:, :, :longest]
     values = mx.take(cache, slots + rows_cap, axis=0, stream=stream)[:, :, :longest]
     mask = (mx.arange(longest)[None] < lengths[:, None])[:, None, None, :]

@@ -1,0 +1,169 @@
+"""Compiled graphs of a model's decode passes, traced once per shape and replayed each step.
+
+Two forms, both owned by the engine that runs the model (`CompiledBlocks`):
+- a whole decode step (`step`): the embedding, every layer with its K/V write and attention,
+  and the head, in one compiled call. Used when every row of the pass is in the decode batch,
+  brings one token and samples it: the graph's shapes (rows, the batch's capacity) then stay
+  put from step to step, so Python builds nothing a layer.
+- the seams between attention calls (`seams`): for other short passes (forced tokens, drafts,
+  rows reading a prompt in the same pass), whose attention needs per-pass slicing.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import mlx.core as mx
+
+from locals.engine.kernels.decode_attention import active_for as attention_kernel
+from locals.engine.kernels.decode_attention import kernels_on as attention_kernels_on
+from locals.engine.kernels.fused import active as fused_active
+from locals.engine.kernels.registry import bypassed, gated_active, swap_count
+from locals.engine.kernels.switch import Switch
+from locals.engine import layer_pass
+from locals.engine.layer_pass import finish, lm_head, project
+
+# Passes of at most this many tokens (decode steps, short forced or draft chunks) run as
+# compiled graphs: a decode step of a 4B model on an H200 is host-bound at B = 8 (a native
+# profile found the engine thread busy through the whole step: ~70% queuing ops inside MLX's
+# eval, ~24% building the graph in Python), and compiling removes the Python work of building
+# the ops. Longer passes (prompt chunks) are compute-bound and would each compile a new shape.
+COMPILE_MAX_TOKENS = 64
+STEP_GRAPHS = 32  # whole-step graphs kept, one per batch shape, least recently used dropped
+_whole_steps = Switch()
+
+
+def seams_only() -> AbstractContextManager[None]:
+    """While active, decode steps run as seams, not whole (benchmarks compare the two on one engine)."""
+    return _whole_steps.off()
+
+
+def whole_steps_on() -> bool:
+    """False while `seams_only()` is active."""
+    return _whole_steps.on
+
+
+class CompiledBlocks:
+    """The compiled graphs of one model's short passes, owned by the engine that runs it.
+
+    A compiled graph captures the modules as they were when traced, so the graphs are keyed
+    by the registry's swap count (tuned-kernel patching and attaching fused kernels bump it),
+    whether tuned kernels are bypassed, whether fused kernels are on (kernels/fused.py),
+    whether folded activations are (registry.ungated) and `JOINED_MAX_TOKENS`; MLX traces
+    each distinct set of input shapes once per graph. The owner drops it (and collects)
+    before MLX shuts down: compiled graphs freed during interpreter exit may abort the process.
+    """
+
+    def __init__(self):
+        self._graphs: dict[tuple, object] = {}
+        self._steps: OrderedDict[tuple, Callable] = OrderedDict()
+
+    def _key(self, key: tuple) -> tuple:
+        return (swap_count(), bypassed(), fused_active(), gated_active(),
+                tuple(layer_pass.JOINED_MAX_TOKENS.values())) + key
+
+    def _get(self, key: tuple, make: Callable[[], object]):
+        key = self._key(key)
+        graph = self._graphs.get(key)
+        if graph is None:
+            # Graphs of modules swapped out since are never used again: drop them.
+            self._graphs = {k: v for k, v in self._graphs.items() if k[0] == key[0]}
+            graph = self._graphs[key] = make()
+        return graph
+
+    def seams(self, layers: list) -> list:
+        """[project 0, finish 0 + project 1, …, finish L-1]: one compiled call per layer
+        boundary instead of two (a call costs ~20 µs of host time on a 2-core x86 VM)."""
+        return self._get(("seams", id(layers)), lambda: _compile_seams(layers))
+
+    def step(self, model, attention: tuple, shape: tuple) -> Callable:
+        """The whole decode step of `model` (see `compile_step`) for one way of attending
+        (`step_attention`) and one shape of the batch (rows, rows_cap, t_cap): one graph each,
+        the STEP_GRAPHS most recently used kept (a daemon meets many shapes as agents come and
+        go and their rows grow)."""
+        key = self._key((id(model), attention, shape))
+        graph = self._steps.pop(key, None)
+        if graph is None:
+            graph = compile_step(model, attention)
+            for stale in [k for k in self._steps if k[0] != key[0]]:  # modules swapped out since
+                del self._steps[stale]
+            while len(self._steps) >= STEP_GRAPHS:
+                self._steps.popitem(last=False)
+        self._steps[key] = graph
+        return graph
+
+
+def _compile_seams(layers: list) -> list:
+    """Compiled (not yet traced) functions for each boundary between attention calls."""
+    def first(h, positions):
+        return project(layers[0], h, positions)
+
+    def between(before, after):
+        def seam(h, o, positions):
+            h, x = finish(before, h, o, after.input_layernorm)
+            return (h, *project(after, h, positions, x))
+        return seam
+
+    def last(h, o):
+        return finish(layers[-1], h, o)[0]
+
+    inner = [between(a, b) for a, b in zip(layers[:-1], layers[1:])]
+    return [mx.compile(f) for f in (first, *inner, last)]
+
+
+def step_attention(model, plan) -> tuple:
+    """How a whole step attends, a key part of its graph: ("kernel", t_cap) where every layer
+    has a decode attention kernel that may run (its thread count follows t_cap, the most keys
+    a row can hold), else ("mask", identity): MLX's attention over the whole capacity with
+    each row's length masked, the rows read as a plain slice when they fill slots 0..B-1."""
+    layers = model.model.layers
+    attns = [layer.self_attn for layer in layers]
+    if fused_active() and not bypassed() and attention_kernels_on() and all(
+            getattr(a, "decode_attention", None) is not None for a in attns):
+        return "kernel", plan.batch.t_cap
+    return "mask", plan.slots is None
+
+
+def compile_step(model, attention: tuple) -> Callable:
+    """One compiled decode step: (tokens (B,), positions (B,), the K/V scatter index (a tuple
+    of three arrays), meta (2B,): each row's slot, then its key count after the write, and each
+    layer's shared K/V array) -> (logits (B, vocab), each layer's K/V after the write)."""
+    inner = model.model
+    layers = inner.layers
+
+    def step(tokens, positions, index, meta, *kvs):
+        kvs, h, x = list(kvs), inner.embed_tokens(tokens), None
+        mask = _length_mask(meta, tokens.shape[0], kvs[0].shape[2]) if attention[0] == "mask" else None
+        for li, layer in enumerate(layers):
+            q, kv = project(layer, h, positions, x)
+            kvs[li][index] = kv
+            o = _attend(layer.self_attn, q, kvs[li], meta, attention, mask)
+            after = layers[li + 1].input_layernorm if li + 1 < len(layers) else None
+            h, x = finish(layer, h, o, after)
+        return (lm_head(model, inner.norm(h)), *kvs)
+
+    return mx.compile(step)
+
+
+def _length_mask(meta: mx.array, rows: int, t_cap: int) -> mx.array:
+    """(rows, 1, 1, t_cap): True at the positions each row reads."""
+    return (mx.arange(t_cap, dtype=mx.int32)[None] < meta[rows:, None])[:, None, None, :]
+
+
+def _attend(attn, q: mx.array, cache: mx.array, meta: mx.array, attention: tuple, mask) -> mx.array:
+    """Each row's query (B, heads, 1, dim) against its own keys in the shared cache."""
+    rows, rows_cap = q.shape[0], cache.shape[0] // 2
+    kernel = attention_kernel(attn, q) if attention[0] == "kernel" else None
+    if kernel is not None:
+        return kernel(q, cache, meta, attention[1], attn.scale)
+    if mask is None:  # a layer whose kernel does not take q's dtype or size
+        mask = _length_mask(meta, rows, cache.shape[2])
+    if attention == ("mask", True):
+        keys, values = cache[:rows], cache[rows_cap:rows_cap + rows]
+    else:
+        slots = meta[:rows]
+        both = mx.take(cache, mx.concatenate([slots, slots + rows_cap]), axis=0)
+        keys, values = both[:rows], both[rows:]
+    return mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=mask)

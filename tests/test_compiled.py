@@ -1,0 +1,82 @@
+"""Whole decode steps as one compiled graph: the same logits as compiled seams around eager
+attention whatever the rows' order and slots, one graph per batch shape, a bounded number kept."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from locals.engine import compiled as compiled_mod
+from locals.engine.compiled import CompiledBlocks, seams_only
+from locals.engine.forward import RowInput, forward
+from locals.engine.kernels import registry
+from locals.engine.kv import DecodeBatch, RowKV
+from tests.test_fuse import _qwen3
+
+
+def _batch(model, lengths=(5, 9, 14)) -> list[RowKV]:
+    """Rows that read prompts of `lengths` tokens and joined a decode batch."""
+    batch = DecodeBatch(len(model.model.layers))
+    kv = [RowKV(len(model.model.layers), batch) for _ in lengths]
+    prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(n)] for i, n in enumerate(lengths)]
+    forward(model, [RowInput(mx.array(p, dtype=mx.int32), len(p), c, False) for p, c in zip(prompts, kv)])
+    forward(model, [RowInput(mx.array([1 + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)])
+    assert all(c.resident for c in kv)
+    return kv
+
+
+def _steps(model, picks: list[list[int]], whole: bool, lengths=(5, 9, 14)) -> tuple[list[np.ndarray], list[int]]:
+    """Decode steps over the rows `picks` names, in that order: each step's logits, then the rows' lengths."""
+    kv, compiled, out = _batch(model, lengths), CompiledBlocks(), []
+    for step, pick in enumerate(picks):
+        rows = [RowInput(mx.array([20 + step + i], dtype=mx.int32), 1, kv[i], True) for i in pick]
+        if whole:
+            out.append(np.array(forward(model, rows, compiled).astype(mx.float32)))
+        else:
+            with seams_only():
+                out.append(np.array(forward(model, rows, compiled).astype(mx.float32)))
+    return out, [c.length for c in kv]
+
+
+@pytest.mark.parametrize("picks", [[[0, 1, 2]] * 3, [[2, 0, 1], [1, 2, 0]], [[0, 2], [2, 0], [1]]],
+                         ids=["in-slot-order", "rows-reordered", "some-members-wait"])
+@pytest.mark.parametrize("quantized", [False, True], ids=["dense", "4bit"])
+def test_whole_steps_compute_what_seams_compute(picks, quantized):
+    model = _qwen3(quantized, head_dim=32)
+    seams, seam_lengths = _steps(model, picks, whole=False)
+    whole, whole_lengths = _steps(model, picks, whole=True)
+    assert whole_lengths == seam_lengths
+    for a, b in zip(whole, seams):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4)
+
+
+def test_a_pass_that_is_not_a_pure_decode_step_runs_as_seams(monkeypatch):
+    # A row with two tokens (a forced pair) or one not sampled: never the whole-step graph.
+    model = _qwen3(False, head_dim=32)
+    kv, compiled = _batch(model), CompiledBlocks()
+    monkeypatch.setattr(compiled_mod, "compile_step", lambda *a: pytest.fail("whole step compiled"))
+    forward(model, [RowInput(mx.array([3, 4], dtype=mx.int32), 2, kv[0], True, logits=2),
+                    RowInput(mx.array([5], dtype=mx.int32), 1, kv[1], True)], compiled)
+    forward(model, [RowInput(mx.array([6], dtype=mx.int32), 1, kv[0], False),
+                    RowInput(mx.array([7], dtype=mx.int32), 1, kv[1], True)], compiled)
+    assert [c.length for c in kv[:2]] == [5 + 1 + 3, 9 + 1 + 2]
+
+
+def test_one_graph_per_batch_shape_the_most_recent_kept(monkeypatch):
+    model = _qwen3(False, head_dim=32)
+    monkeypatch.setattr(compiled_mod, "STEP_GRAPHS", 2)
+    blocks = CompiledBlocks()
+    first = blocks.step(model, ("mask", True), (3, 4, 256))
+    assert blocks.step(model, ("mask", True), (3, 4, 256)) is first
+    second = blocks.step(model, ("mask", True), (2, 4, 256))
+    assert second is not first
+    assert blocks.step(model, ("mask", True), (3, 4, 256)) is first  # now the most recent
+    blocks.step(model, ("mask", False), (3, 4, 256))  # a third: the least recent (second) goes
+    assert blocks.step(model, ("mask", True), (3, 4, 256)) is first
+    assert blocks.step(model, ("mask", True), (2, 4, 256)) is not second
+    # Modules swapped since: graphs tracing the old ones are dropped, not kept for reuse.
+    registry.modules_swapped()
+    assert blocks.step(model, ("mask", True), (3, 4, 256)) is not first
+    assert len(blocks._steps) == 1
