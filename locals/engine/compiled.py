@@ -140,9 +140,11 @@ def compile_step(model, attention: tuple) -> Callable:
             q, kv = project(layer, h, positions, x)
             kvs[li][index] = kv
             o = _attend(layer.self_attn, q, kvs[li], meta, attention, mask)
-            after = layers[li + 1].input_layernorm if li + 1 < len(layers) else None
+            # Every row samples: the model's final norm takes the last layer's residual add (a
+            # kernel fold where the last down_proj verified one, as every other layer's norm).
+            after = layers[li + 1].input_layernorm if li + 1 < len(layers) else inner.norm
             h, x = finish(layer, h, o, after)
-        return (lm_head(model, inner.norm(h)), *kvs)
+        return (lm_head(model, x), *kvs)
 
     return mx.compile(step)
 
