@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from locals.engine import layer_pass as fwd
-from locals.engine.forward import CompiledBlocks
+from locals.engine.forward import CompiledBlocks, RowInput, forward
 from locals.engine.fuse import fuse_projections
 from locals.engine.kernels import normfold
 from locals.engine.kernels.reference import quantized_matmul, random_problem
 from locals.engine.kernels.registry import TunedQuantizedLinear, mlx_ops_only
 from locals.engine.kernels.verify import compare
+from locals.engine.kv import DecodeBatch, RowKV
 from tests.test_fuse import _qwen3
 from tests.test_fused_kernels import _run
 
@@ -125,6 +126,38 @@ def test_forward_folds_the_add_and_norm_into_o_proj_and_down_proj(monkeypatch):
     # The decode steps (one row) folded every add + norm but the last layer's, whose sum the
     # final norm reads: traced once, the second step replays the compiled seams.
     assert kernel.folded - checks == 2 * len(model.model.layers) - 1
+
+
+def test_whole_decode_steps_fold_the_final_norm_into_the_last_down_proj(monkeypatch):
+    # Rows in a decode batch decode in whole compiled steps, where every row samples: the
+    # last layer's down_proj folds the residual add with the model's final norm too.
+    model = _bf16_qwen3()
+    fuse_projections(model)
+    monkeypatch.setattr(fwd, "JOINED_MAX_TOKENS", {"fused_qkv": 64, "fused_gate_up": 64})
+    prompts = [[5, 17, 42, 7, 99, 3], [8, 1, 4]]
+
+    def run() -> list[np.ndarray]:
+        batch = DecodeBatch(len(model.model.layers))
+        kv = [RowKV(len(model.model.layers), batch) for _ in prompts]
+        forward(model, [RowInput(mx.array(p, dtype=mx.int32), len(p), c, False) for p, c in zip(prompts, kv)])
+        compiled = CompiledBlocks()
+        return [np.array(forward(model, [RowInput(mx.array([t + i], dtype=mx.int32), 1, c, True)
+                                         for i, c in enumerate(kv)], compiled).astype(mx.float32))
+                for t in (7, 11, 13)]
+
+    before = run()
+    kernel = OpsNorm()
+    for layer in model.model.layers:
+        for block, name in ((layer.self_attn, "o_proj"), (layer.mlp, "down_proj")):
+            block[name] = TunedQuantizedLinear(block[name], {2: kernel})
+            assert block[name].fold_norm(1e-6) == 1
+    checks = kernel.folded
+    after = run()
+    for a, b in zip(after, before):
+        assert np.abs(a - b).max() < 0.05 * np.abs(b).max()
+    # The rows join the batch on their first step: three whole steps of one shape, traced once,
+    # every add + norm folded, the last layer's with the final norm (seams fold all but that one).
+    assert kernel.folded - checks == 2 * len(model.model.layers)
 
 
 def test_patching_folds_o_proj_and_down_proj_unless_switched_off(monkeypatch):
