@@ -24,7 +24,7 @@ class OpsAttention(DecodeAttention):
     """The kernel's contract computed with MLX's ops."""
 
     def __call__(self, q, cache, meta, longest, scale):
-        return reference(q, cache, meta, scale, longest=longest)
+        return reference(q, cache, meta, scale, longest=longest).reshape(q.shape[0], -1)
 
 
 def _per_row(q, cache, slots, lengths, scale) -> np.ndarray:
@@ -58,16 +58,21 @@ def test_verifier_passes_the_contract_and_rejects_wrong_kernels():
     class AllPositions(OpsAttention):  # reads the padding past each row's length
         def __call__(self, q, cache, meta, longest, scale):
             full = mx.concatenate([meta[: q.shape[0]], mx.full((q.shape[0],), cache.shape[2], mx.int32)])
-            return reference(q, cache, full, scale)
+            return reference(q, cache, full, scale).reshape(q.shape[0], -1)
 
     class SlotOrder(OpsAttention):  # row i read from slot i, not from its own slot
         def __call__(self, q, cache, meta, longest, scale):
             rows = q.shape[0]
-            return reference(q, cache, mx.concatenate([mx.arange(rows, dtype=mx.int32), meta[rows:]]), scale)
+            own = mx.concatenate([mx.arange(rows, dtype=mx.int32), meta[rows:]])
+            return reference(q, cache, own, scale).reshape(rows, -1)
 
     class Raises(OpsAttention):
         def __call__(self, *args):
             raise RuntimeError("launch failed")
+
+    class FourD(OpsAttention):
+        def __call__(self, q, cache, meta, longest, scale):
+            return reference(q, cache, meta, scale)
 
     class NaN(OpsAttention):
         def __call__(self, *args):
@@ -77,6 +82,8 @@ def test_verifier_passes_the_contract_and_rejects_wrong_kernels():
     assert check(SlotOrder("cpu", 6, 2, 64, mx.float32), 3, 200).startswith("error ")
     assert check(Raises("cpu", 6, 2, 64, mx.float32), 1, 40) == "raised RuntimeError: launch failed"
     assert check(NaN("cpu", 6, 2, 64, mx.float16), 1, 40) == "non-finite output"
+    # The output is (rows, heads * dim), the layout o_proj reads: (rows, heads, 1, dim) is rejected.
+    assert check(FourD("cpu", 6, 2, 64, mx.float32), 3, 200).startswith("shape/dtype (3, 6, 1, 64)")
 
 
 def test_warps_grow_with_the_keys_within_shared_memory():

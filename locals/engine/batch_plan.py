@@ -88,7 +88,7 @@ class BatchPlan:
 
     def attend(self, li: int, q: mx.array, kv: mx.array, scale: float, kernel=None) -> mx.array:
         """q (P, heads, 1, dim) and kv (2P, kv_heads, 1, dim) (keys, then values) of the plan's
-        P tokens in order -> (P, heads, 1, dim). `kernel`: a verified decode attention kernel,
+        P tokens in order -> (P, heads * dim). `kernel`: a verified decode attention kernel,
         used when every row brings one token and the rows' lengths differ. At equal lengths MLX's
         own vector kernel runs (no mask): on the H200 it was 9% faster at B = 32 and even at B = 8
         (batch_decode-gpu-20261202-045108.json)."""
@@ -97,12 +97,13 @@ class BatchPlan:
             return kernel(q, self.batch.kv[li], self.meta, self.t, scale)
         keys, values = self.batch.view(li, self.t, self.slots)
         if self.gather is None:
-            return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=self.mask)
+            o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=self.mask)
+            return o.reshape(o.shape[0], -1)
         rows, heads, dim = len(self.rows), q.shape[1], q.shape[3]
         padded = q[self.gather].reshape(rows, self.width, heads, dim).transpose(0, 2, 1, 3)
         o = mx.fast.scaled_dot_product_attention(padded, keys, values, scale=scale, mask=self.mask)
-        o = o.transpose(0, 2, 1, 3).reshape(rows * self.width, heads, dim)[self.scatter]
-        return o[:, :, None, :]
+        o = o.transpose(0, 2, 1, 3).reshape(rows * self.width, heads * dim)
+        return o[self.scatter]
 
     def advance(self) -> None:
         """Count the pass's tokens into each row's length (after the last layer wrote them)."""

@@ -155,7 +155,7 @@ def _length_mask(meta: mx.array, rows: int, t_cap: int) -> mx.array:
 
 
 def _attend(attn, q: mx.array, cache: mx.array, meta: mx.array, attention: tuple, mask) -> mx.array:
-    """Each row's query (B, heads, 1, dim) against its own keys in the shared cache."""
+    """Each row's query (B, heads, 1, dim) against its own keys in the shared cache: (B, heads * dim)."""
     rows, rows_cap = q.shape[0], cache.shape[0] // 2
     kernel = attention_kernel(attn, q) if attention[0] == "kernel" else None
     if kernel is not None:
@@ -168,4 +168,4 @@ def _attend(attn, q: mx.array, cache: mx.array, meta: mx.array, attention: tuple
         slots = meta[:rows]
         both = mx.take(cache, mx.concatenate([slots, slots + rows_cap]), axis=0)
         keys, values = both[:rows], both[rows:]
-    return mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=mask)
+    return mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=mask).reshape(rows, -1)

@@ -125,7 +125,7 @@ def _whole_step(model, rows: list[RowInput], plan: BatchPlan, compiled: Compiled
 
 def _attend(attn, q: mx.array, kv: mx.array, plan: BatchPlan, others: list[RowInput], spans,
             li: int) -> mx.array:
-    """Each row's queries against its own KV (writing the new keys/values first): (T, heads, 1, dim).
+    """Each row's queries against its own KV (writing the new keys/values first): (T, heads * dim).
     kv (2T, kv_heads, 1, dim): the pass's keys, then its values."""
     outs = []
     b, total = plan.tokens, q.shape[0]
@@ -143,7 +143,7 @@ def _attend(attn, q: mx.array, kv: mx.array, plan: BatchPlan, others: list[RowIn
 
 def _row_attention(kv: RowKV, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
     """One row's n new tokens (a prompt chunk) against its own caches.
-    q/k/v (n, heads, 1, dim) in, (n, heads, 1, dim) out."""
+    q/k/v (n, heads, 1, dim) in, (n, heads * dim) out."""
     n = q.shape[0]
     k, v = k.transpose(2, 1, 0, 3), v.transpose(2, 1, 0, 3)
     keys, values = kv.layers[li].update_and_fetch(k, v)
@@ -151,7 +151,7 @@ def _row_attention(kv: RowKV, li: int, q: mx.array, k: mx.array, v: mx.array, sc
     o = mx.fast.scaled_dot_product_attention(
         q.transpose(2, 1, 0, 3), keys, values, scale=scale, mask="causal" if n > 1 else None,
     )
-    return o.transpose(2, 1, 0, 3)
+    return o.transpose(2, 1, 0, 3).reshape(n, -1)
 
 
 def _per_row(model, rows: list[RowInput]) -> mx.array:

@@ -104,8 +104,8 @@ def _norm_weights(attn) -> tuple[mx.array | None, mx.array | None]:
 def finish(layer, h: mx.array, o: mx.array, after=None) -> tuple[mx.array, mx.array | None]:
     """The attention output projection and residual, then the MLP block and residual: the
     residual stream after the layer and, given `after` (the next layer's input norm), its
-    norm (None without); o (T, heads, 1, dim)."""
-    h, x = _linear_add_norm(layer.self_attn.o_proj, layer.post_attention_layernorm, o.reshape(o.shape[0], -1), h)
+    norm (None without); o (T, heads * dim), attention's output as it comes."""
+    h, x = _linear_add_norm(layer.self_attn.o_proj, layer.post_attention_layernorm, o, h)
     mlp = layer.mlp
     if "fused_gate_up" in mlp and x.shape[0] <= JOINED_MAX_TOKENS["fused_gate_up"]:  # one matmul (fuse.py)
         gated = getattr(mlp.fused_gate_up, "gated", None)  # silu(gate) * up in its kernel (kernels/glu.py)

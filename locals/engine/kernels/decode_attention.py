@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 # Template: T (dtype), D (head dim, a multiple of 32), W (warps a threadgroup). Inputs: q (B, HQ, 1, D);
 # cache (2R, HK, t_cap, D); meta (2B,) int32, each row's slot then its length; scale (1,) float32.
-# Output: out (B, HQ, 1, D).
+# Output: out (B, HQ * D), row-major as (B, HQ, D).
 CUDA_SOURCE = r"""
   constexpr int E = D / 32;
   __shared__ float s_max[W];
@@ -247,13 +247,13 @@ class DecodeAttention:
     def __call__(self, q: mx.array, cache: mx.array, meta: mx.array, longest: int, scale: float) -> mx.array:
         """q (B, heads, 1, dim) against the shared cache (2R, kv_heads, t_cap, dim); meta (2B,)
         int32: each row's slot, then how many of its keys count; `longest` the largest of
-        those -> (B, heads, 1, dim)."""
+        those (or more) -> (B, heads * dim), the layout o_proj reads (no reshape after it)."""
         rows, warps = q.shape[0], warps_for(longest, self.head_dim)
         return _kernel(self.backend)(
             inputs=[q, cache, meta, float_constant(scale)],
             template=[("T", q.dtype), ("D", self.head_dim), ("W", warps)],
             grid=(rows * self.heads * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
-            output_shapes=[q.shape], output_dtypes=[q.dtype],
+            output_shapes=[(rows, self.heads * self.head_dim)], output_dtypes=[q.dtype],
         )[0]
 
 
@@ -300,7 +300,7 @@ def check(kernel: DecodeAttention, rows: int, t_cap: int) -> str:
     q, cache, meta = _random_case(kernel, rows, t_cap)
     scale = kernel.head_dim ** -0.5
     f32 = [a.astype(mx.float32, stream=mx.cpu) for a in (q, cache)]
-    truth = reference(*f32, meta, scale, stream=mx.cpu)
+    truth = reference(*f32, meta, scale, stream=mx.cpu).reshape(rows, -1)
     return matches(lambda: kernel(q, cache, meta, int(mx.max(meta[rows:]).item()), scale), truth, kernel.dtype)
 
 
