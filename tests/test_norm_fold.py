@@ -108,17 +108,23 @@ def test_a_layer_folds_the_rows_that_passed_and_no_others():
         assert tuned.add_norm(x, res, norm) is None
 
 
+def _fold_every_o_and_down_proj(model, rows: int) -> "OpsNorm":
+    """Every o_proj and down_proj tuned at `rows` rows to one `OpsNorm`, its add + norm form checked."""
+    kernel = OpsNorm()
+    for layer in model.model.layers:
+        for block, name in ((layer.self_attn, "o_proj"), (layer.mlp, "down_proj")):
+            block[name] = TunedQuantizedLinear(block[name], {rows: kernel})
+            assert block[name].fold_norm(1e-6) == 1
+    return kernel
+
+
 def test_forward_folds_the_add_and_norm_into_o_proj_and_down_proj(monkeypatch):
     model = _bf16_qwen3()
     fuse_projections(model)
     monkeypatch.setattr(fwd, "JOINED_MAX_TOKENS", {"fused_qkv": 64, "fused_gate_up": 64})
     prompt = [5, 17, 42, 7, 99, 3]
     before = _run(model, prompt, CompiledBlocks())
-    kernel = OpsNorm()
-    for layer in model.model.layers:
-        for block, name in ((layer.self_attn, "o_proj"), (layer.mlp, "down_proj")):
-            block[name] = TunedQuantizedLinear(block[name], {1: kernel})
-            assert block[name].fold_norm(1e-6) == 1
+    kernel = _fold_every_o_and_down_proj(model, rows=1)
     checks = kernel.folded
     after = _run(model, prompt, CompiledBlocks())
     for a, b in zip(after, before):  # bf16 rounding apart: the folded matmul accumulates in float32
@@ -146,11 +152,7 @@ def test_whole_decode_steps_fold_the_final_norm_into_the_last_down_proj(monkeypa
                 for t in (7, 11, 13)]
 
     before = run()
-    kernel = OpsNorm()
-    for layer in model.model.layers:
-        for block, name in ((layer.self_attn, "o_proj"), (layer.mlp, "down_proj")):
-            block[name] = TunedQuantizedLinear(block[name], {2: kernel})
-            assert block[name].fold_norm(1e-6) == 1
+    kernel = _fold_every_o_and_down_proj(model, rows=2)
     checks = kernel.folded
     after = run()
     for a, b in zip(after, before):
