@@ -1,0 +1,27 @@
+"""benchmarks/step_ops.py's count of a queued graph's primitives, read from MLX's dot export."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.step_ops import OpNames  # noqa: E402
+from locals.engine import step as step_module  # noqa: E402
+
+
+def test_each_queued_graph_is_counted_by_primitive_name():
+    names = OpNames()  # wraps the step runner's mx.async_eval
+    try:
+        x = mx.arange(6, dtype=mx.float32)
+        step_module.mx.async_eval(mx.sin(x) * 2 + x)
+        step_module.mx.async_eval(x.reshape(2, 3).sum(axis=0))
+    finally:
+        step_module.mx = mx
+    first, second = names.steps
+    assert first["Sin"] == 1 and first["Multiply"] + first["Add"] >= 1
+    assert second["Reshape"] == 1 and "Sin" not in second
+    assert names.median_step() == max(names.steps, key=lambda c: sum(c.values()))
