@@ -68,7 +68,8 @@ class BatchPlan:
             # mask is built when MLX's attention first asks for it). The decode attention kernel
             # (kernels/decode_attention.py) reads `meta` instead: each row's slot, then how many
             # keys it reads after this step's write.
-            self.ragged, self._lengths, self._mask = len(set(lengths.tolist())) > 1, lengths, None
+            # `lengths`: each row's length before the pass, where its one new token goes (RoPE, the write).
+            self.ragged, self.lengths, self._mask = len(set(lengths.tolist())) > 1, lengths, None
             self.meta = mx.array(np.concatenate([np.asarray(slots, np.int32), lengths + 1]))
             return
         # Query j of row i is the row's token min(j, n_i - 1): padding repeats the last one
@@ -83,7 +84,7 @@ class BatchPlan:
     def mask(self) -> mx.array | None:
         """The attention mask over the batch's first `t` positions; None when all rows agree."""
         if self._mask is None and self.ragged:
-            self._mask = mx.array((np.arange(self.t)[None] <= self._lengths[:, None])[:, None, None, :])
+            self._mask = mx.array((np.arange(self.t)[None] <= self.lengths[:, None])[:, None, None, :])
         return self._mask
 
     def attend(self, li: int, q: mx.array, kv: mx.array, scale: float, kernel=None) -> mx.array:

@@ -20,6 +20,7 @@ import mlx.core as mx
 from locals.engine import layer_pass
 from locals.engine.kernels.decode_attention import active_for as attention_kernel
 from locals.engine.kernels.decode_attention import kernels_on as attention_kernels_on
+from locals.engine.kernels.decode_attention import reference as attention_reference
 from locals.engine.kernels.fused import active as fused_active
 from locals.engine.kernels.registry import bypassed, gated_active, swap_count
 from locals.engine.kernels.switch import Switch
@@ -84,14 +85,14 @@ class CompiledBlocks:
         the STEP_GRAPHS most recently used kept (a daemon meets many shapes as agents come and
         go and their rows grow)."""
         key = self._key((id(model), attention, shape))
-        graph = self._steps.pop(key, None)
-        if graph is None:
-            graph = compile_step(model, attention)
-            for stale in [k for k in self._steps if k[0] != key[0]]:  # modules swapped out since
-                del self._steps[stale]
-            while len(self._steps) >= STEP_GRAPHS:
-                self._steps.popitem(last=False)
-        self._steps[key] = graph
+        if key in self._steps:
+            self._steps.move_to_end(key)
+            return self._steps[key]
+        for stale in [k for k in self._steps if k[0] != key[0]]:  # modules swapped out since
+            del self._steps[stale]
+        while len(self._steps) >= STEP_GRAPHS:
+            self._steps.popitem(last=False)
+        graph = self._steps[key] = compile_step(model, attention)
         return graph
 
 
@@ -135,7 +136,9 @@ def compile_step(model, attention: tuple) -> Callable:
 
     def step(tokens, positions, index, meta, *kvs):
         kvs, h, x = list(kvs), inner.embed_tokens(tokens), None
-        mask = _length_mask(meta, tokens.shape[0], kvs[0].shape[2]) if attention[0] == "mask" else None
+        rows, t_cap = tokens.shape[0], kvs[0].shape[2]
+        # Rows in slots 0..B-1 read their keys as a slice, with one mask for every layer.
+        mask = (mx.arange(t_cap)[None] < meta[rows:, None])[:, None, None, :] if attention == ("mask", True) else None
         for li, layer in enumerate(layers):
             q, kv = project(layer, h, positions, x)
             kvs[li][index] = kv
@@ -149,23 +152,14 @@ def compile_step(model, attention: tuple) -> Callable:
     return mx.compile(step)
 
 
-def _length_mask(meta: mx.array, rows: int, t_cap: int) -> mx.array:
-    """(rows, 1, 1, t_cap): True at the positions each row reads."""
-    return (mx.arange(t_cap, dtype=mx.int32)[None] < meta[rows:, None])[:, None, None, :]
-
-
 def _attend(attn, q: mx.array, cache: mx.array, meta: mx.array, attention: tuple, mask) -> mx.array:
     """Each row's query (B, heads, 1, dim) against its own keys in the shared cache: (B, heads * dim)."""
-    rows, rows_cap = q.shape[0], cache.shape[0] // 2
+    rows = q.shape[0]
     kernel = attention_kernel(attn, q) if attention[0] == "kernel" else None
     if kernel is not None:
         return kernel(q, cache, meta, attention[1], attn.scale)
-    if mask is None:  # a layer whose kernel does not take q's dtype or size
-        mask = _length_mask(meta, rows, cache.shape[2])
-    if attention == ("mask", True):
-        keys, values = cache[:rows], cache[rows_cap:rows_cap + rows]
-    else:
-        slots = meta[:rows]
-        both = mx.take(cache, mx.concatenate([slots, slots + rows_cap]), axis=0)
-        keys, values = both[:rows], both[rows:]
+    if mask is None:  # rows gathered from their slots (or a layer the kernel does not take): the kernel's contract
+        return attention_reference(q, cache, meta, attn.scale, longest=cache.shape[2]).reshape(rows, -1)
+    rows_cap = cache.shape[0] // 2
+    keys, values = cache[:rows], cache[rows_cap:rows_cap + rows]
     return mx.fast.scaled_dot_product_attention(q, keys, values, scale=attn.scale, mask=mask).reshape(rows, -1)

@@ -113,7 +113,7 @@ def _whole_step(model, rows: list[RowInput], plan: BatchPlan, compiled: Compiled
     """The step as one compiled call (compiled.py): logits (B, vocab) in `rows`' order."""
     batch = plan.batch
     tokens = join_rows([r.tokens for r in plan.rows])  # last step's tokens in order: that array itself
-    positions = mx.array(np.asarray([r.kv.length for r in plan.rows], dtype=np.int32))
+    positions = mx.array(plan.lengths)  # each row's one new token sits at its length
     graph = compiled.step(model, step_attention(model, plan), (len(plan.rows), batch.rows_cap, batch.t_cap))
     logits, *kvs = graph(tokens, positions, plan.index, plan.meta, *batch.kv)
     batch.kv[:] = kvs  # the old arrays, now only the graph's inputs, are written in place
