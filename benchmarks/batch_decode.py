@@ -36,6 +36,9 @@ SWITCHED_OFF = {
     "seams": ("locals-seams", "locals.engine.compiled", "seams_only",
               "also run locals with decode steps as compiled seams around eager attention, not one "
               "compiled graph a step"),
+    "scatter": ("locals-scatter", "locals.engine.kernels.headprep", "scattered",
+                "also run locals with whole steps storing K/V with a scatter a layer, not written by the "
+                "q/k head kernel"),
 }
 
 

@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--random-model", default=None, help="qwen3-4b on a GPU; qwen3-tiny tries it on a CPU")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--variants", default="locals,seams", help="which of locals, seams, no-compile, mlx-ops")
+    ap.add_argument("--variants", default="locals,seams", help="which of locals, seams, scatter, no-compile, mlx-ops")
     args = ap.parse_args()
 
     from locals.engine.engine import Engine

@@ -131,17 +131,19 @@ class ModuleProxy:
 
 @contextlib.contextmanager
 def variant(name: str):
-    """locals as shipped; without compiled graphs; with compiled seams, not whole steps; or
-    with MLX's own matmuls only."""
+    """locals as shipped; without compiled graphs; with compiled seams, not whole steps; whole
+    steps storing K/V with a scatter (not from the head kernel); or with MLX's own matmuls only."""
     from locals.engine import forward
     from locals.engine.compiled import seams_only
     from locals.engine.kernels import mlx_ops_only
+    from locals.engine.kernels.headprep import scattered
 
     limit = forward.COMPILE_MAX_TOKENS
     if name == "no-compile":
         forward.COMPILE_MAX_TOKENS = 0
+    switches = {"mlx-ops": mlx_ops_only, "seams": seams_only, "scatter": scattered}
     try:
-        with mlx_ops_only() if name == "mlx-ops" else seams_only() if name == "seams" else contextlib.nullcontext():
+        with switches.get(name, contextlib.nullcontext)():
             yield
     finally:
         forward.COMPILE_MAX_TOKENS = limit
@@ -162,7 +164,7 @@ def main() -> None:
                     help="prompt lengths spread evenly over prompt-len .. prompt-len + this (rows at "
                          "different lengths; 0: all equal)")
     ap.add_argument("--variants", default="locals,seams,no-compile,mlx-ops",
-                    help="which of locals, seams, no-compile, mlx-ops to run")
+                    help="which of locals, seams, scatter, no-compile, mlx-ops to run")
     args = ap.parse_args()
 
     from locals.engine.engine import Engine

@@ -10,9 +10,12 @@ import pytest
 from locals.engine import compiled as compiled_mod
 from locals.engine.compiled import CompiledBlocks, seams_only
 from locals.engine.forward import RowInput, forward
+from locals.engine.fuse import fuse_projections
 from locals.engine.kernels import registry
+from locals.engine.kernels.headprep import cache_verified, spec_of
 from locals.engine.kv import DecodeBatch, RowKV
 from tests.test_fuse import _qwen3
+from tests.test_fused_kernels import OpsHeadPrep
 
 
 def _batch(model, lengths=(5, 9, 14)) -> list[RowKV]:
@@ -26,8 +29,10 @@ def _batch(model, lengths=(5, 9, 14)) -> list[RowKV]:
     return kv
 
 
-def _steps(model, picks: list[list[int]], whole: bool, lengths=(5, 9, 14)) -> tuple[list[np.ndarray], list[int]]:
-    """Decode steps over the rows `picks` names, in that order: each step's logits, then the rows' lengths."""
+def _steps(model, picks: list[list[int]], whole: bool, lengths=(5, 9, 14),
+           caches: list | None = None) -> tuple[list[np.ndarray], list[int]]:
+    """Decode steps over the rows `picks` names, in that order: each step's logits, then the rows'
+    lengths; the decode batch's K/V arrays afterwards go to `caches` when given."""
     kv, compiled, out = _batch(model, lengths), CompiledBlocks(), []
     for step, pick in enumerate(picks):
         rows = [RowInput(mx.array([20 + step + i], dtype=mx.int32), 1, kv[i], True) for i in pick]
@@ -36,6 +41,8 @@ def _steps(model, picks: list[list[int]], whole: bool, lengths=(5, 9, 14)) -> tu
         else:
             with seams_only():
                 out.append(np.array(forward(model, rows, compiled).astype(mx.float32)))
+    if caches is not None:
+        caches.extend(np.array(a) for a in kv[0].batch.kv)
     return out, [c.length for c in kv]
 
 
@@ -50,6 +57,41 @@ def test_whole_steps_compute_what_seams_compute(picks, quantized):
     for a, b in zip(whole, seams):
         assert a.shape == b.shape
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4)
+
+
+class WritesInto(OpsHeadPrep):
+    """The fused q/k kernel's contracts by MLX's ops, noting each write into the cache."""
+
+    def into_cache(self, *args):
+        self.writes.append(args[-1].shape)
+        return super().into_cache(*args)
+
+
+@pytest.mark.parametrize("picks", [[[0, 1, 2]] * 3, [[2, 0, 1], [1, 2, 0]], [[0, 2], [2, 0], [1]]],
+                         ids=["in-slot-order", "rows-reordered", "some-members-wait"])
+@pytest.mark.parametrize("joined", [True, False], ids=["joined", "parts"])
+def test_whole_steps_write_keys_through_the_head_kernel_where_the_scatter_writes_them(picks, joined):
+    # The fused q/k kernel's write into the shared cache (its contract, by MLX's ops) leaves the
+    # decode batch's K/V exactly as the scatter of seams does, and the logits follow.
+    model = _qwen3(False, head_dim=64)
+    if joined:
+        fuse_projections(model)
+    expected_caches, caches = [], []
+    seams, _ = _steps(model, picks, whole=False, caches=expected_caches)
+    writes = []
+    for layer in model.model.layers:
+        prep = layer.self_attn.head_prep = WritesInto("cpu", spec_of(layer.self_attn), mx.float32)
+        object.__setattr__(prep, "writes", [])
+        assert cache_verified(prep) == "" and prep.writes_cache()  # as attach() checks it
+        object.__setattr__(prep, "writes", writes)
+    whole, _ = _steps(model, picks, whole=True, caches=caches)
+    # Traced once per batch shape, each layer writing every row's slot (meta: slots, then lengths).
+    assert sorted(set(writes)) == sorted({(2 * len(p),) for p in picks})
+    assert len(writes) == len(model.model.layers) * len({len(p) for p in picks})
+    for a, b in zip(whole, seams):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4)
+    for a, b in zip(caches, expected_caches):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_a_pass_that_is_not_a_pure_decode_step_runs_as_seams(monkeypatch):

@@ -18,7 +18,8 @@ from locals.engine.forward import CompiledBlocks, RowInput, forward
 from locals.engine.fuse import fuse_projections
 from locals.engine.kernels import addnorm, fused
 from locals.engine.kernels.addnorm import AddNorm
-from locals.engine.kernels.headprep import HeadPrep, HeadSpec, check, reference, spec_of, verified
+from locals.engine.kernels.headprep import (HeadPrep, HeadSpec, check, check_into_cache, reference,
+                                            reference_into_cache, spec_of, verified)
 from locals.engine.kv import RowKV
 from tests.test_fuse import _qwen3 as tiny_qwen3
 
@@ -47,11 +48,17 @@ class OpsHeadPrep(HeadPrep):
     """The kernel's contract computed with MLX's ops: q/k/v read at their column offsets."""
 
     def __call__(self, q_src, k_src, v_src, offsets, q_weight, k_weight, positions):
+        return reference(*self._sources(q_src, k_src, v_src, offsets), self.spec, q_weight, k_weight, positions)
+
+    def into_cache(self, q_src, k_src, v_src, offsets, q_weight, k_weight, positions, cache, slots):
+        return reference_into_cache(*self._sources(q_src, k_src, v_src, offsets), self.spec, q_weight, k_weight,
+                                    positions, cache, slots)
+
+    def _sources(self, q_src, k_src, v_src, offsets):
         s = self.spec
         (q_off, k_off, v_off), kv_cols = offsets, s.kv_heads * s.head_dim
         q = q_src[:, q_off:q_off + s.heads * s.head_dim]
-        k, v = k_src[:, k_off:k_off + kv_cols], v_src[:, v_off:v_off + kv_cols]
-        return reference(q, k, v, s, q_weight, k_weight, positions)
+        return q, k_src[:, k_off:k_off + kv_cols], v_src[:, v_off:v_off + kv_cols]
 
 
 def test_spec_covers_plain_rope_with_or_without_qk_norms():
@@ -161,6 +168,32 @@ def test_verifier_passes_the_contract_and_rejects_wrong_kernels():
     assert check(_Broken(SPEC, "nan"), 3, joined=False) == "non-finite output"
     for how in ("no-norm", "pairs", "values"):
         assert check(_Broken(SPEC, how), 8, joined=True).startswith("error ")
+
+
+class _BrokenWrite(OpsHeadPrep):
+    def __init__(self, spec, how):
+        super().__init__("cpu", spec, mx.bfloat16)
+        object.__setattr__(self, "how", how)
+
+    def into_cache(self, *args):
+        *rest, cache, slots = args
+        if self.how == "nowhere":  # q right, the cache left as it was
+            return self(*rest)[0]
+        if self.how == "wrong-slots":
+            return super().into_cache(*rest, cache, slots[::-1])
+        q = super().into_cache(*rest, cache, slots)
+        cache[-1, -1, -1] = cache[-1, -1, -1] + 4  # "stray": one more entry written
+        return q
+
+
+def test_cache_writing_verifier_compares_the_whole_cache():
+    for dtype in (mx.float16, mx.bfloat16, mx.float32):
+        for tokens, joined in ((1, True), (8, False)):
+            assert check_into_cache(OpsHeadPrep("cpu", SPEC, dtype), tokens, joined) == ""
+    # One token: reversed slots are the same slot, so every broken kernel is tried at three.
+    for how in ("nowhere", "wrong-slots", "stray"):
+        assert check_into_cache(_BrokenWrite(SPEC, how), 3, joined=True).startswith("error "), how
+    assert not _BrokenWrite(SPEC, "nowhere").writes_cache()  # never verified: never used
 
 
 def test_add_norm_verifier_passes_the_contract_and_rejects_wrong_kernels():

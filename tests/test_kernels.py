@@ -265,7 +265,7 @@ def test_tuned_linear_routes_by_row_count():
     assert tuned_linear(nn.Linear(8, 8), None) is not None
 
 
-def test_row_counts_the_table_lacks_take_the_kernel_of_their_tile():
+def test_row_counts_the_table_lacks_take_the_kernel_of_their_tile(monkeypatch):
     from locals.engine.kernels.registry import _routes_for
 
     by_name = {c.name: c for c in qmm.candidates("cuda")}
@@ -276,7 +276,7 @@ def test_row_counts_the_table_lacks_take_the_kernel_of_their_tile():
     table = TuningTable(chip="cuda:NVIDIA H200", mlx=mx.__version__, kernels=kernels_tag("cuda"),
                         choices={problem.key: choices})
     routes = _routes_for(problem, table, {**by_name, "mlx-pad8": PaddedCandidate(8)})
-    assert 1 not in routes  # one row is not tuned on CUDA: MLX's vector kernel
+    assert routes[1] is narrow  # one row is not tuned on CUDA: it takes two rows' kernel (same tile)
     assert routes[3].name == "mlx-pad8"  # 4's choice, padded to 8 rows either way
     assert 5 not in routes and 6 not in routes  # 6 timed and MLX's op won: 5 takes that
     assert routes[7] is narrow  # 8's kernel, one 8-row tile
@@ -288,6 +288,11 @@ def test_row_counts_the_table_lacks_take_the_kernel_of_their_tile():
     assert sorted(_routes_for(problem, table, by_name)) == list(range(9, 17))
     table.rejected[narrow.name] = "failed verification"
     assert _routes_for(problem, table, by_name) == {}
+    # LOCALS_ONE_ROW_MLX=1 (benchmarks) keeps MLX's vector kernel at one row.
+    del table.rejected[narrow.name]
+    table.choices[problem.key] = choices
+    monkeypatch.setenv("LOCALS_ONE_ROW_MLX", "1")
+    assert 1 not in _routes_for(problem, table, by_name)
 
 
 def test_reroute_gives_swapped_layers_the_row_counts_timed_since():

@@ -88,7 +88,10 @@ HEAD_SPECS = [
 @pytest.mark.parametrize("spec,dtype", [(s, d) for s, ds in HEAD_SPECS for d in ds],
                          ids=lambda v: str(v).rsplit(".", 1)[-1] if isinstance(v, mx.Dtype) else f"d{v.head_dim}")
 def test_cuda_head_prep_matches_reference(spec, dtype):
-    assert headprep.verified(headprep.HeadPrep("cuda", spec, dtype)) == ""
+    prep = headprep.HeadPrep("cuda", spec, dtype)
+    assert headprep.verified(prep) == ""
+    # Its keys and values written straight into a decode batch's cache: the whole cache compared.
+    assert headprep.cache_verified(prep) == ""
 
 
 @pytest.mark.parametrize("heads,kv_heads,dim,dtype", [(32, 8, 128, mx.bfloat16), (9, 3, 64, mx.float16),
@@ -123,7 +126,7 @@ def _two_layer_qwen3(seed: int):
 def _three_rows(model, whole: bool = True) -> list[mx.array]:
     """Logits of three prompts (17, 20 and 23 tokens) in one pass, then of two decode steps of the
     three rows in a decode batch, at their different lengths: each step one compiled graph
-    (`whole`), else compiled seams around eager attention."""
+    (`whole`), else compiled seams around eager attention; then the decode batch's K/V arrays."""
     from contextlib import nullcontext
 
     from locals.engine.compiled import seams_only
@@ -138,7 +141,7 @@ def _three_rows(model, whole: bool = True) -> list[mx.array]:
         rows = [RowInput(mx.array([11 + step + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
         with nullcontext() if whole else seams_only():
             out.append(forward(model, rows, CompiledBlocks()))
-    return [o.astype(mx.float32) for o in out]
+    return [o.astype(mx.float32) for o in out + batch.kv]
 
 
 def _assert_close(got: list[mx.array], expected: list[mx.array]) -> None:
@@ -151,6 +154,8 @@ def test_model_with_fused_kernels_matches_mlx_ops():
     model = _two_layer_qwen3(7)
     expected = _three_rows(model, whole=False)
     assert fused.attach(model, "cuda") == {"heads": 2, "norms": 2, "attention": 2}
+    # Whole steps: the head kernel writes each row's keys and values into the batch's cache itself.
+    assert all(layer.self_attn.head_prep.writes_cache() for layer in model.model.layers)
     _assert_close(_three_rows(model), expected)
     _assert_close(_three_rows(model, whole=False), expected)
 

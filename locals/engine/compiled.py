@@ -22,6 +22,7 @@ from locals.engine.kernels.decode_attention import active_for as attention_kerne
 from locals.engine.kernels.decode_attention import kernels_on as attention_kernels_on
 from locals.engine.kernels.decode_attention import reference as attention_reference
 from locals.engine.kernels.fused import active as fused_active
+from locals.engine.kernels.headprep import cache_writes_on
 from locals.engine.kernels.registry import bypassed, gated_active, swap_count
 from locals.engine.kernels.switch import Switch
 from locals.engine.layer_pass import finish, lm_head, project
@@ -52,7 +53,8 @@ class CompiledBlocks:
     A compiled graph captures the modules as they were when traced, so the graphs are keyed
     by the registry's swap count (tuned-kernel patching and attaching fused kernels bump it),
     whether tuned kernels are bypassed, whether fused kernels are on (kernels/fused.py),
-    whether folded activations are (registry.ungated) and `JOINED_MAX_TOKENS`; MLX traces
+    whether folded activations are (registry.ungated), whether the head kernel writes K/V
+    (headprep.scattered) and `JOINED_MAX_TOKENS`; MLX traces
     each distinct set of input shapes once per graph. The owner drops it (and collects)
     before MLX shuts down: compiled graphs freed during interpreter exit may abort the process.
     """
@@ -62,7 +64,7 @@ class CompiledBlocks:
         self._steps: OrderedDict[tuple, Callable] = OrderedDict()
 
     def _key(self, key: tuple) -> tuple:
-        return (swap_count(), bypassed(), fused_active(), gated_active(),
+        return (swap_count(), bypassed(), fused_active(), gated_active(), cache_writes_on(),
                 tuple(layer_pass.JOINED_MAX_TOKENS.values())) + key
 
     def _get(self, key: tuple, make: Callable[[], object]):
@@ -140,8 +142,9 @@ def compile_step(model, attention: tuple) -> Callable:
         # Rows in slots 0..B-1 read their keys as a slice, with one mask for every layer.
         mask = (mx.arange(t_cap)[None] < meta[rows:, None])[:, None, None, :] if attention == ("mask", True) else None
         for li, layer in enumerate(layers):
-            q, kv = project(layer, h, positions, x)
-            kvs[li][index] = kv
+            q, kv = project(layer, h, positions, x, into=(kvs[li], meta))  # kv None: written there
+            if kv is not None:
+                kvs[li][index] = kv
             o = _attend(layer.self_attn, q, kvs[li], meta, attention, mask)
             # Every row samples: the model's final norm takes the last layer's residual add (a
             # kernel fold where the last down_proj verified one, as every other layer's norm).

@@ -45,11 +45,14 @@ def _unfused_qkv_limit() -> int:
 JOINED_MAX_TOKENS = _default_joined_limits()
 UNFUSED_QKV_MAX_TOKENS = _unfused_qkv_limit()
 
-def project(layer, h: mx.array, positions: mx.array, x: mx.array | None = None) -> tuple[mx.array, mx.array]:
+def project(layer, h: mx.array, positions: mx.array, x: mx.array | None = None,
+            into: tuple[mx.array, mx.array] | None = None) -> tuple[mx.array, mx.array | None]:
     """The layer's input norm of the residual stream h (x: already computed by the last layer's
     `finish`), then its q/k/v projections, q/k norms and RoPE for every token of the pass:
     q (T, heads, 1, dim) and kv (2T, kv_heads, 1, dim), the T keys then the T values, which
-    the decode batch stores with one scatter (kv.py)."""
+    the decode batch stores with one scatter (kv.py). Given `into` (the decode batch's shared
+    K/V array and each token's slot), the fused kernel writes them there itself where it
+    verified that (headprep.py `into_cache`), and kv is None."""
     attn = layer.self_attn
     x = layer.input_layernorm(h) if x is None else x
     total = x.shape[0]
@@ -60,12 +63,12 @@ def project(layer, h: mx.array, positions: mx.array, x: mx.array | None = None) 
         qkv = attn.fused_qkv(x)
         cuts = split_sizes(attn, "fused_qkv")
         if prep is not None:  # norms and RoPE read q, k and v in place, in one kernel (headprep.py)
-            return prep(qkv, qkv, qkv, (0, *cuts), *_norm_weights(attn), positions)
+            return _prepare(prep, attn, (qkv, qkv, qkv, (0, *cuts)), positions, into)
         q, k, v = mx.split(qkv, cuts, axis=-1)
     else:
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         if prep is not None:
-            return prep(q, k, v, (0, 0, 0), *_norm_weights(attn), positions)
+            return _prepare(prep, attn, (q, k, v, (0, 0, 0)), positions, into)
     q = q.reshape(total, attn.n_heads, -1)
     k = k.reshape(total, attn.n_kv_heads, -1)
     v = v.reshape(total, attn.n_kv_heads, -1)
@@ -75,6 +78,13 @@ def project(layer, h: mx.array, positions: mx.array, x: mx.array | None = None) 
     q = attn.rope(q[:, :, None, :], offset=positions)
     k = attn.rope(k[:, :, None, :], offset=positions)
     return q, mx.concatenate([k, v[:, :, None, :]])
+
+
+def _prepare(prep, attn, sources: tuple, positions: mx.array, into) -> tuple[mx.array, mx.array | None]:
+    """The fused q/k kernel on q/k/v `sources` (three arrays and their column offsets)."""
+    if into is not None and prep.writes_cache():
+        return prep.into_cache(*sources, *_norm_weights(attn), positions, *into), None
+    return prep(*sources, *_norm_weights(attn), positions)
 
 
 def _fused(module, name: str, x: mx.array):

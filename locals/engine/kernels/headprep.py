@@ -8,7 +8,9 @@ step_kernels-gpu-20261130-152042.json). The kernel reads q, k and v where they l
 joined output at three column offsets, or three separate outputs) and writes q in the
 layout decode attention takes, (T, heads, 1, dim), and the keys with the values after them
 in one (2T, kv_heads, 1, dim) array, which the decode batch stores with one scatter a
-layer instead of two (kv.py).
+layer instead of two (kv.py) — or, in a whole decode step (compiled.py), straight into the
+decode batch's shared K/V array at each row's slot and position (`into_cache`): no scatter,
+no reshape, two primitives a layer fewer for MLX to queue.
 
 One threadgroup per (token, head), one thread per rotated pair: the pair's two values are
 normalized with the head's sum of squares, rounded to the dtype as MLX's norm rounds them,
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -28,14 +31,14 @@ import mlx.nn as nn
 import numpy as np
 
 from locals.engine.kernels.resident import device_array
+from locals.engine.kernels.switch import Switch
 from locals.engine.kernels.verify import matches
 
 log = logging.getLogger(__name__)
 
 # Template: T (dtype), D (head dim; D / 2 a multiple of 32), NORM, TRAD (traditional RoPE).
 # dims = [q heads, kv heads, q, k and v column offsets]; params = [log2 base, scale, eps].
-# Outputs: qout (T, q heads, 1, D) and kvout (2T, kv heads, 1, D), the T keys then the T values,
-# which the decode batch writes with one scatter (kv.py).
+# Outputs: qout (T, q heads, 1, D), and where the keys and values go (KEY_AT / VALUE_AT, `DESTINATIONS`).
 CUDA_SOURCE = r"""
   constexpr int P = D / 2;  // threads a head: one rotated pair each
   __shared__ float part[32];
@@ -48,7 +51,7 @@ CUDA_SOURCE = r"""
   if (head >= HQ + HK) {  // a value head: copied as it is, after the T tokens' keys
     const int hv = head - HQ - HK;
     const T* vs = vsrc + size_t(tok) * vsrc_shape[1] + dims[4] + hv * D;
-    T* vd = kvout + (size_t(qsrc_shape[0] + tok) * HK + hv) * D;
+    T* vd = VALUE_AT;
     vd[i] = vs[i];
     vd[i + P] = vs[i + P];
     return;
@@ -57,7 +60,7 @@ CUDA_SOURCE = r"""
   const int h = is_q ? head : head - HQ;
   const T* src = is_q ? qsrc + size_t(tok) * qsrc_shape[1] + dims[2] + h * D
                       : ksrc + size_t(tok) * ksrc_shape[1] + dims[3] + h * D;
-  T* dst = is_q ? qout + (size_t(tok) * HQ + h) * D : kvout + (size_t(tok) * HK + h) * D;
+  T* dst = is_q ? qout + (size_t(tok) * HQ + h) * D : KEY_AT;
   const int i1 = TRAD ? 2 * i : i;
   const int i2 = TRAD ? 2 * i + 1 : i + P;
   float x1 = static_cast<float>(src[i1]);
@@ -113,16 +116,16 @@ METAL_SOURCE = r"""
   if (head >= HQ + HK) {  // a value head: copied as it is, after the T tokens' keys
     const int hv = head - HQ - HK;
     const size_t from = size_t(tok) * vsrc_shape[1] + dims[4] + hv * D;
-    const size_t to = (size_t(qsrc_shape[0] + tok) * HK + hv) * D;
-    kvout[to + i] = vsrc[from + i];
-    kvout[to + i + P] = vsrc[from + i + P];
+    device T* vd = VALUE_AT;
+    vd[i] = vsrc[from + i];
+    vd[i + P] = vsrc[from + i + P];
     return;
   }
   const bool is_q = head < HQ;
   const int h = is_q ? head : head - HQ;
   const size_t base_q = size_t(tok) * qsrc_shape[1] + dims[2] + h * D;
   const size_t base_k = size_t(tok) * ksrc_shape[1] + dims[3] + h * D;
-  const size_t out_at = is_q ? (size_t(tok) * HQ + h) * D : (size_t(tok) * HK + h) * D;
+  device T* dst = is_q ? qout + (size_t(tok) * HQ + h) * D : KEY_AT;
   const int i1 = TRAD ? 2 * i : i;
   const int i2 = TRAD ? 2 * i + 1 : i + P;
   float x1 = is_q ? float(qsrc[base_q + i1]) : float(ksrc[base_k + i1]);
@@ -149,19 +152,35 @@ METAL_SOURCE = r"""
   const float theta = (params[1] * float(pos[tok])) * inv_freq;
   const float c = metal::precise::cos(theta);
   const float s = metal::precise::sin(theta);
-  if (is_q) {
-    qout[out_at + i1] = T(x1 * c - x2 * s);
-    qout[out_at + i2] = T(x1 * s + x2 * c);
-  } else {
-    kvout[out_at + i1] = T(x1 * c - x2 * s);
-    kvout[out_at + i2] = T(x1 * s + x2 * c);
-  }
+  dst[i1] = T(x1 * c - x2 * s);
+  dst[i2] = T(x1 * s + x2 * c);
 """
 
+# Where a token's key and value heads go, per mode: "array", an output kvout (2T, kv heads, 1, D),
+# the T keys then the T values, which the decode batch writes with one scatter (kv.py); "cache",
+# the decode batch's shared (2 * rows_cap, kv heads, t_cap, D) array itself, at the token's slot
+# (slots[tok]; its values rows_cap slots on) and position (pos[tok]), written in place (`into_cache`).
+DESTINATIONS = {
+    "array": ("kvout + (size_t(tok) * HK + h) * D", "kvout + (size_t(qsrc_shape[0] + tok) * HK + hv) * D"),
+    "cache": ("(PTR)cache + ((size_t(slots[tok]) * HK + h) * cache_shape[2] + pos[tok]) * D",
+              "(PTR)cache + ((size_t(cache_shape[0] / 2 + slots[tok]) * HK + hv) * cache_shape[2] + pos[tok]) * D"),
+}
 SOURCES = {"cuda": CUDA_SOURCE, "metal": METAL_SOURCE}
-TAG = hashlib.sha1((CUDA_SOURCE + METAL_SOURCE).encode()).hexdigest()[:10]
+POINTER = {"cuda": "T*", "metal": "device T*"}
+TAG = hashlib.sha1((CUDA_SOURCE + METAL_SOURCE + repr(DESTINATIONS)).encode()).hexdigest()[:10]
 DTYPES = (mx.float16, mx.bfloat16, mx.float32)
-_KERNELS: dict[str, object] = {}
+_KERNELS: dict[tuple[str, str], object] = {}
+_cache_writes = Switch()
+
+
+def scattered() -> AbstractContextManager[None]:
+    """While active, whole steps store K/V with a scatter a layer, not from this kernel (benchmarks)."""
+    return _cache_writes.off()
+
+
+def cache_writes_on() -> bool:
+    """False while `scattered()` is active (compiled graphs are keyed by it)."""
+    return _cache_writes.on
 _CONSTANTS: dict[tuple, tuple[mx.array, mx.array, mx.array]] = {}
 
 
@@ -203,13 +222,16 @@ def spec_of(attn: nn.Module) -> HeadSpec | None:
                     bool(rope.traditional), float(rope.base), float(rope.scale))
 
 
-def _kernel(backend: str):
-    if backend not in _KERNELS:
-        names = dict(input_names=["qsrc", "ksrc", "vsrc", "qw", "kw", "pos", "dims", "params"],
-                     output_names=["qout", "kvout"])
+def _kernel(backend: str, mode: str):
+    if (backend, mode) not in _KERNELS:
+        key_at, value_at = (d.replace("PTR", POINTER[backend]) for d in DESTINATIONS[mode])
+        source = SOURCES[backend].replace("KEY_AT", key_at).replace("VALUE_AT", value_at)
+        names = dict(input_names=["qsrc", "ksrc", "vsrc", "qw", "kw", "pos", "dims", "params"]
+                     + (["cache", "slots"] if mode == "cache" else []),
+                     output_names=["qout"] + (["kvout"] if mode == "array" else []))
         make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
-        _KERNELS[backend] = make(name=f"locals_headprep_{TAG}", source=SOURCES[backend], **names)
-    return _KERNELS[backend]
+        _KERNELS[backend, mode] = make(name=f"locals_headprep_{mode}_{TAG}", source=source, **names)
+    return _KERNELS[backend, mode]
 
 
 @dataclass(frozen=True)
@@ -227,18 +249,44 @@ class HeadPrep:
         the values as they are) from q_src/k_src/v_src (T, width), whose heads start at the columns
         `offsets` (q, k, v); positions (T,) int32."""
         s = self.spec
+        tokens = q_src.shape[0]
+        return tuple(self._launch("array", [q_src, k_src, v_src, offsets, q_weight, k_weight, positions],
+                                  [(tokens, s.heads, 1, s.head_dim), (2 * tokens, s.kv_heads, 1, s.head_dim)]))
+
+    def into_cache(self, q_src: mx.array, k_src: mx.array, v_src: mx.array, offsets: tuple[int, int, int],
+                   q_weight: mx.array | None, k_weight: mx.array | None, positions: mx.array,
+                   cache: mx.array, slots: mx.array) -> mx.array:
+        """q as `__call__` gives it, the keys and values written into the decode batch's `cache`
+        (2 * rows_cap, kv_heads, t_cap, dim) in place: token i's at slot slots[i] (its values at
+        rows_cap + slots[i]), position positions[i]. Saves a scatter and a reshape a layer.
+
+        MLX does not see the write: a reader of `cache` must take q too (attention does), and
+        `cache` must be row-contiguous (DecodeBatch's arrays always are), or MLX would hand the
+        kernel a copy. Callers check `writes_cache` first."""
+        s = self.spec
+        return self._launch("cache", [q_src, k_src, v_src, offsets, q_weight, k_weight, positions, cache, slots],
+                            [(q_src.shape[0], s.heads, 1, s.head_dim)])[0]
+
+    def writes_cache(self) -> bool:
+        """Whether `into_cache` verified on this device (`attach` checks it; nothing runs here,
+        so a compiled graph may ask while tracing)."""
+        return _cache_writes.on and _CACHE_VERDICTS.get(self) == ""
+
+    def _launch(self, mode: str, args: list, shapes: list[tuple]) -> list[mx.array]:
+        s = self.spec
+        q_src, k_src, v_src, offsets, q_weight, k_weight, positions, *cache = args
         tokens, dtype = q_src.shape[0], q_src.dtype
         dims, params, unused = _constants(s, dtype, offsets)
         if not s.norm:  # every input needs an array
             q_weight = k_weight = unused
-        return tuple(_kernel(self.backend)(
-            inputs=[q_src, k_src, v_src, q_weight, k_weight, positions.astype(mx.int32), dims, params],
+        return _kernel(self.backend, mode)(
+            inputs=[q_src, k_src, v_src, q_weight, k_weight, positions.astype(mx.int32), dims, params, *cache],
             template=[("T", dtype), ("D", s.head_dim), ("NORM", s.norm), ("TRAD", s.traditional)],
             grid=(tokens * (s.heads + 2 * s.kv_heads) * (s.head_dim // 2), 1, 1),
             threadgroup=(s.head_dim // 2, 1, 1),
-            output_shapes=[(tokens, s.heads, 1, s.head_dim), (2 * tokens, s.kv_heads, 1, s.head_dim)],
-            output_dtypes=[dtype, dtype],
-        ))
+            output_shapes=shapes,
+            output_dtypes=[dtype] * len(shapes),
+        )
 
 
 def _constants(spec: HeadSpec, dtype, offsets: tuple[int, int, int]) -> tuple[mx.array, mx.array, mx.array]:
@@ -268,12 +316,27 @@ def reference(q: mx.array, k: mx.array, v: mx.array, spec: HeadSpec, q_weight, k
     return out[0], mx.concatenate([out[1], values], stream=stream)
 
 
+def reference_into_cache(q: mx.array, k: mx.array, v: mx.array, spec: HeadSpec, q_weight, k_weight,
+                         positions: mx.array, cache: mx.array, slots: mx.array) -> mx.array:
+    """`into_cache` with MLX's ops: q out, and the array object `cache` rebound to the cache with the
+    keys and values written (a scatter), so its holder sees them as it sees the kernel's write."""
+    q_out, kv = reference(q, k, v, spec, q_weight, k_weight, positions)
+    tokens, rows_cap = q.shape[0], cache.shape[0] // 2
+    slots = slots[:tokens]
+    rows = mx.concatenate([slots, slots + rows_cap])[:, None]
+    at = mx.concatenate([positions, positions]).astype(mx.int32)[:, None]
+    cache[rows, mx.arange(spec.kv_heads)[None], at] = kv[:, :, 0, :]
+    return q_out
+
+
 # Token counts a kernel must get right before use: one decode row, odd counts, a batch, a chunk.
 VERIFY_TOKENS = (1, 3, 8, 33)
+CACHE_T = 40  # positions of a verification cache (`check_into_cache`)
 _VERDICTS: dict[tuple, str] = {}
+_CACHE_VERDICTS: dict[tuple, str] = {}
 
 
-def _random_case(spec: HeadSpec, tokens: int, joined: bool, dtype) -> tuple:
+def _random_case(spec: HeadSpec, tokens: int, joined: bool, dtype, positions_below: int = 512) -> tuple:
     """Fresh inputs: q/k/v sources in the joined or the separate layout, norm weights, positions."""
     q_cols, k_cols = spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     if joined:
@@ -291,7 +354,7 @@ def _random_case(spec: HeadSpec, tokens: int, joined: bool, dtype) -> tuple:
     # Positions stay below 512: a float32 angle is only as exact as its ulp times the position,
     # and MLX's CPU RoPE (the truth) derives its frequencies differently, so at 4096 float32
     # outputs differed by 1.1e-4 on an H200 (over float32's 1e-4 allowance) with both exact.
-    positions = mx.random.randint(0, 512, (tokens,), dtype=mx.int32)
+    positions = mx.random.randint(0, positions_below, (tokens,), dtype=mx.int32)
     return (q_src, k_src, v_src, offsets, q_weight, k_weight, positions), (q, k, v)
 
 
@@ -306,15 +369,48 @@ def check(prep: HeadPrep, tokens: int, joined: bool) -> str:
     return matches(lambda: prep(*args), truth, dtype)
 
 
+def check_into_cache(prep: HeadPrep, tokens: int, joined: bool) -> str:
+    """`check` for `into_cache`: q and the whole cache after the write (a stray write shows as a
+    changed entry elsewhere) against MLX's ops on the CPU, slots in random order among spare ones."""
+    spec, dtype = prep.spec, prep.dtype
+    mx.random.seed(int.from_bytes(np.random.default_rng().bytes(4), "little"))
+    args, (q, k, v) = _random_case(spec, tokens, joined, dtype, positions_below=CACHE_T)
+    rows_cap = tokens + 2
+    cache = mx.random.normal((2 * rows_cap, spec.kv_heads, CACHE_T, spec.head_dim)).astype(dtype)
+    slots = mx.array(np.random.default_rng().permutation(rows_cap)[:tokens].astype(np.int32))
+    mx.eval(cache, slots)
+    with mx.stream(mx.cpu):
+        f32 = [a.astype(mx.float32) for a in (q, k, v, args[4], args[5])]
+        truth_cache = cache.astype(mx.float32)
+        truth_q = reference_into_cache(*f32[:3], spec, *f32[3:], args[6], truth_cache, slots)
+        mx.eval(truth_q, truth_cache)
+
+    def run():
+        return prep.into_cache(*args, cache, slots), cache  # the kernel writes `cache` itself
+
+    return matches(run, (truth_q, truth_cache), dtype)
+
+
+def _first_failure(prep: HeadPrep, check_one) -> str:
+    failures = (f"{n} tokens, {'joined' if joined else 'separate'}: {why}"
+                for n in VERIFY_TOKENS for joined in (True, False)
+                if (why := check_one(prep, n, joined)))
+    return next(failures, "")
+
+
 def verified(prep: HeadPrep) -> str:
     """"" when `prep` passed every token count in both layouts on this device (checked once per
     process), otherwise the first failure."""
     if prep not in _VERDICTS:
-        failures = (f"{n} tokens, {'joined' if joined else 'separate'}: {why}"
-                    for n in VERIFY_TOKENS for joined in (True, False)
-                    if (why := check(prep, n, joined)))
-        _VERDICTS[prep] = next(failures, "")
+        _VERDICTS[prep] = _first_failure(prep, check)
     return _VERDICTS[prep]
+
+
+def cache_verified(prep: HeadPrep) -> str:
+    """The same for `into_cache`."""
+    if prep not in _CACHE_VERDICTS:
+        _CACHE_VERDICTS[prep] = _first_failure(prep, check_into_cache)
+    return _CACHE_VERDICTS[prep]
 
 
 def attach(model: nn.Module, backend: str, dtype) -> int:
@@ -335,4 +431,6 @@ def attach(model: nn.Module, backend: str, dtype) -> int:
             return attached
         attn.head_prep = prep
         attached += 1
+        if attached == 1 and (why := cache_verified(prep)):  # then whole steps store K/V with a scatter
+            log.warning("fused q/k kernel writes no cache: it failed verification (%s)", why)
     return attached

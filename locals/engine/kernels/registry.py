@@ -19,8 +19,8 @@ from mlx.utils import tree_unflatten
 from locals.engine.kernels import glu, normfold
 from locals.engine.kernels.resident import float_constant
 from locals.engine.kernels.switch import Switch
-from locals.engine.kernels.tuning import (MLX_OP, Problem, TuningTable, current_chip, default_candidates, load_table,
-                                         problem_of, tied_head, tuning_rows)
+from locals.engine.kernels.tuning import (MLX_OP, Problem, TuningTable, current_chip, default_candidates, fill_rows,
+                                         load_table, problem_of, tied_head)
 
 
 _kernels = Switch()  # off while mlx_ops_only() is active
@@ -197,7 +197,7 @@ def _routes_for(problem: Problem, table: TuningTable, by_name: dict[str, object]
     chosen = {int(rows): name for rows, name in table.choices.get(problem.key, {}).items()}
     routes = {rows: by_name[name] for rows, name in chosen.items()
               if name != MLX_OP and name in by_name and name not in table.rejected}
-    return _fill_in(routes, chosen, problem, tuning_rows(table.chip.split(":", 1)[0]))
+    return _fill_in(routes, chosen, problem, fill_rows(table.chip.split(":", 1)[0]))
 
 
 def _fill_in(routes: dict[int, object], chosen: dict[int, str], problem: Problem, tunable: list[int]) -> dict:
