@@ -12,6 +12,8 @@
 #               activation, rows 2..16), then batch_decode B = 4,8,16 with and without it, 5 rounds
 #   whole       batch_decode B = 1..32 with each decode step one compiled graph against compiled seams
 #               around eager attention (same engine) and mlx-lm, rows all at 64 tokens, then at 64..512
+#   cachewrite  batch_decode B = 8,1,16,32 with K/V written by the q/k kernel against a scatter a layer
+#               (same engine) and mlx-lm; step_ops of both; one row on the tuned kernel vs MLX's, 2 processes each
 #   decode      batch_decode B = 1..32, locals (tuned) vs locals untuned vs locals with q/k/v and
 #               gate/up apart vs mlx-lm, 3 rounds
 #   ragged      batch_decode B = 8,32 with prompts of 64..256 tokens (rows at different lengths:
@@ -70,6 +72,13 @@ for part in ${parts//,/ }; do
       save
       timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 8,32 --tokens 64 --prompt-len 64 --length-spread 448 --rounds 3 --seams-baseline ;;
+    cachewrite) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
+      --batches 8,1,16,32 --tokens 64 --prompt-len 64 --rounds 3 --scatter-baseline
+      save
+      timeout 200 python3 benchmarks/step_ops.py --random-model "$model" --batches 8,1 --tokens 12 --variants locals,scatter
+      save
+      timeout "${SPREAD_TIMEOUT:-300}" python3 benchmarks/process_spread.py --random-model "$model" --batches 1,8 \
+      --processes 2 --rounds 3 --tokens 64 --envs "LOCALS_ONE_ROW_MLX=0;LOCALS_ONE_ROW_MLX=1" ;;
     decode) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline --unfused-baseline ;;
     ragged) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
