@@ -170,6 +170,7 @@ POINTER = {"cuda": "T*", "metal": "device T*"}
 TAG = hashlib.sha1((CUDA_SOURCE + METAL_SOURCE + repr(DESTINATIONS)).encode()).hexdigest()[:10]
 DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 _KERNELS: dict[tuple[str, str], object] = {}
+_CONSTANTS: dict[tuple, tuple[mx.array, mx.array, mx.array]] = {}
 _cache_writes = Switch()
 
 
@@ -181,7 +182,6 @@ def scattered() -> AbstractContextManager[None]:
 def cache_writes_on() -> bool:
     """False while `scattered()` is active (compiled graphs are keyed by it)."""
     return _cache_writes.on
-_CONSTANTS: dict[tuple, tuple[mx.array, mx.array, mx.array]] = {}
 
 
 @dataclass(frozen=True)
