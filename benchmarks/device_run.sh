@@ -75,7 +75,8 @@ for part in ${parts//,/ }; do
     cachewrite) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 8,1,16,32 --tokens 64 --prompt-len 64 --rounds 3 --scatter-baseline
       save
-      timeout 200 python3 benchmarks/step_ops.py --random-model "$model" --batches 8,1 --tokens 12 --variants locals,scatter
+      timeout 200 python3 benchmarks/step_ops.py --random-model "$model" --batches 8,1 --tokens 12 \
+        --variants locals,scatter
       save
       timeout "${SPREAD_TIMEOUT:-300}" python3 benchmarks/process_spread.py --random-model "$model" --batches 1,8 \
       --processes 2 --rounds 3 --tokens 64 --envs "LOCALS_ONE_ROW_MLX=0;LOCALS_ONE_ROW_MLX=1" ;;

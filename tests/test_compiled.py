@@ -15,6 +15,7 @@ from locals.engine.kernels import registry
 from locals.engine.kernels.headprep import cache_verified, spec_of
 from locals.engine.kv import DecodeBatch, RowKV
 from tests.test_fuse import _qwen3
+from tests.test_decode_attention import OpsAttention
 from tests.test_fused_kernels import OpsHeadPrep
 
 
@@ -78,12 +79,9 @@ def test_whole_steps_write_keys_through_the_head_kernel_where_the_scatter_writes
         fuse_projections(model)
     expected_caches, caches = [], []
     seams, _ = _steps(model, picks, whole=False, caches=expected_caches)
-    writes = []
-    for layer in model.model.layers:
-        prep = layer.self_attn.head_prep = WritesInto("cpu", spec_of(layer.self_attn), mx.float32)
-        object.__setattr__(prep, "writes", [])
-        assert cache_verified(prep) == "" and prep.writes_cache()  # as attach() checks it
-        object.__setattr__(prep, "writes", writes)
+    writes = _attach_writing_head_kernel(model)
+    for layer in model.model.layers:  # the step's reader of the cache takes q: the kernel's contract
+        layer.self_attn.decode_attention = OpsAttention("cpu", 4, 2, 64, mx.float32)
     whole, _ = _steps(model, picks, whole=True, caches=caches)
     # Traced once per batch shape, each layer writing every row's slot (meta: slots, then lengths).
     assert sorted(set(writes)) == sorted({(2 * len(p),) for p in picks})
@@ -92,6 +90,31 @@ def test_whole_steps_write_keys_through_the_head_kernel_where_the_scatter_writes
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4)
     for a, b in zip(caches, expected_caches):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _attach_writing_head_kernel(model) -> list:
+    """WritesInto on every layer, verified as attach() verifies it; returns the list of its writes."""
+    writes = []
+    for layer in model.model.layers:
+        prep = layer.self_attn.head_prep = WritesInto("cpu", spec_of(layer.self_attn), mx.float32)
+        object.__setattr__(prep, "writes", [])
+        assert cache_verified(prep) == "" and prep.writes_cache()
+        object.__setattr__(prep, "writes", writes)
+    return writes
+
+
+def test_whole_steps_attending_by_mlx_ops_keep_the_scatter():
+    # MLX's attention gathers the rows' keys apart from q, so nothing would order that read after
+    # a write MLX cannot see: without the decode attention kernel the head kernel writes no cache.
+    model = _qwen3(False, head_dim=64)
+    picks = [[0, 2], [2, 0], [1]]
+    expected_caches, caches = [], []
+    seams, _ = _steps(model, picks, whole=False, caches=expected_caches)
+    writes = _attach_writing_head_kernel(model)
+    whole, _ = _steps(model, picks, whole=True, caches=caches)
+    assert writes == []
+    for a, b in zip(whole + caches, seams + expected_caches):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4)
 
 
 def test_a_pass_that_is_not_a_pure_decode_step_runs_as_seams(monkeypatch):

@@ -440,3 +440,26 @@ def test_constrained_rows_pipeline_their_forward_pass_with_the_same_output(tiny_
     for j, tokens in enumerate(runs["masked"][:3]):
         assert tokens and set(tokens) <= {30 + j, 40 + j, 5, 6, 9}
     assert any(5 in tokens for tokens in runs["masked"][:3]), "no row took the forced path"
+
+
+def test_a_pass_is_queued_before_its_cache_point_is_snapshotted(monkeypatch):
+    # A whole step's head kernel writes the decode batch's cache without MLX seeing it, so a
+    # snapshot of a prefix the pass just completed must be evaluated after the pass, not before.
+    from types import SimpleNamespace
+
+    from locals.engine import step as step_module
+
+    events = []
+    monkeypatch.setattr(step_module.mx, "async_eval", lambda *a: events.append(("queued", a[0])))
+    runner = step_module.StepRunner(None, on_cache_point=lambda seq, n: events.append(("snapshot", n)))
+    logits = mx.zeros((1, 4))
+
+    def slot(points, offset):
+        return SimpleNamespace(seq=SimpleNamespace(id="s", cache_points=list(points), kv=SimpleNamespace(offset=offset)))
+
+    runner._cache_points([slot([12, 30], 13)], {"s": 10}, logits)
+    assert events == [("queued", logits), ("snapshot", 12)]
+    events.clear()
+    runner._cache_points([slot([30], 13)], {"s": 10}, logits)  # no point reached: nothing queued early
+    runner._cache_points([slot([12], 13)], {"s": 10}, None)  # queued already (pipelined steps)
+    assert events == [("snapshot", 12)]

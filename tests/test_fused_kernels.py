@@ -18,7 +18,7 @@ from locals.engine.forward import CompiledBlocks, RowInput, forward
 from locals.engine.fuse import fuse_projections
 from locals.engine.kernels import addnorm, fused
 from locals.engine.kernels.addnorm import AddNorm
-from locals.engine.kernels.headprep import (HeadPrep, HeadSpec, check, check_into_cache, reference,
+from locals.engine.kernels.headprep import (HeadPrep, HeadSpec, cache_verified, check, check_into_cache, reference,
                                             reference_into_cache, spec_of, verified)
 from locals.engine.kv import RowKV
 from tests.test_fuse import _qwen3 as tiny_qwen3
@@ -193,7 +193,9 @@ def test_cache_writing_verifier_compares_the_whole_cache():
     # One token: reversed slots are the same slot, so every broken kernel is tried at three.
     for how in ("nowhere", "wrong-slots", "stray"):
         assert check_into_cache(_BrokenWrite(SPEC, how), 3, joined=True).startswith("error "), how
-    assert not _BrokenWrite(SPEC, "nowhere").writes_cache()  # never verified: never used
+    broken = _BrokenWrite(SPEC, "nowhere")
+    assert not broken.writes_cache()  # not verified yet: not used (and nothing runs inside a trace)
+    assert cache_verified(broken).startswith("1 tokens, joined: error ") and not broken.writes_cache()
 
 
 def test_add_norm_verifier_passes_the_contract_and_rejects_wrong_kernels():

@@ -142,7 +142,11 @@ def compile_step(model, attention: tuple) -> Callable:
         # Rows in slots 0..B-1 read their keys as a slice, with one mask for every layer.
         mask = (mx.arange(t_cap)[None] < meta[rows:, None])[:, None, None, :] if attention == ("mask", True) else None
         for li, layer in enumerate(layers):
-            q, kv = project(layer, h, positions, x, into=(kvs[li], meta))  # kv None: written there
+            # The head kernel may write K/V into the cache itself (kv None) only where the step's
+            # one reader of the cache also takes q: the decode attention kernel. MLX's gather on
+            # the masked path reads the cache apart from q, so nothing would order it after the write.
+            into = (kvs[li], meta) if attention[0] == "kernel" else None
+            q, kv = project(layer, h, positions, x, into=into)
             if kv is not None:
                 kvs[li][index] = kv
             o = _attend(layer.self_attn, q, kvs[li], meta, attention, mask)

@@ -116,7 +116,7 @@ def _whole_step(model, rows: list[RowInput], plan: BatchPlan, compiled: Compiled
     positions = mx.array(plan.lengths)  # each row's one new token sits at its length
     graph = compiled.step(model, step_attention(model, plan), (len(plan.rows), batch.rows_cap, batch.t_cap))
     logits, *kvs = graph(tokens, positions, plan.index, plan.meta, *batch.kv)
-    batch.kv[:] = kvs  # the old arrays, now only the graph's inputs, are written in place
+    batch.kv[:] = kvs  # written in place: by the head kernel, or by the scatter (the old arrays are only inputs)
     plan.advance()
     at = {id(r): i for i, r in enumerate(plan.rows)}
     order = [at[id(r)] for r in rows]

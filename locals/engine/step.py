@@ -173,9 +173,10 @@ class StepRunner:
             rows.append(RowInput(tokens, slot.n + len(draft), seq.kv, slot.sample, len(draft) + 1))
         logits = forward(self.model, rows, self.compiled)
         sampled_rows = any(s.sample for s in slots)
-        if queue or not sampled_rows:
+        queued = queue or not sampled_rows
+        if queued:
             mx.async_eval([logits] if sampled_rows else [a for r in rows for a in r.kv.arrays()])
-        self._cache_points(slots, before)
+        self._cache_points(slots, before, None if queued else logits)
         prefill_tokens = sum(s.n for s in slots if s.seq.prefilling)
         return Begun(slots, logits if sampled_rows else None, drafts, later, forced_before, prefill_tokens)
 
@@ -234,7 +235,11 @@ class StepRunner:
                 rows.append(_row_sampling(seq, masks[seq.id][i], key, token))
         return verify, rows
 
-    def _cache_points(self, slots: list[Slot], before: dict[str, int]) -> None:
+    def _cache_points(self, slots: list[Slot], before: dict[str, int], unqueued: mx.array | None) -> None:
+        """Hand each cache point the pass reached to `on_cache_point` (which snapshots the KV).
+        `unqueued`: the pass's logits when not queued yet; queued before the first snapshot, whose
+        copy would otherwise run first and miss what a whole step's head kernel writes into the
+        decode batch's cache without MLX seeing it (kernels/headprep.py `into_cache`)."""
         if self.on_cache_point is None:
             return
         for slot in slots:
@@ -242,6 +247,9 @@ class StepRunner:
             while seq.cache_points and seq.cache_points[0] <= seq.kv.offset:
                 point = seq.cache_points.pop(0)
                 if point > before[seq.id]:
+                    if unqueued is not None:
+                        mx.async_eval(unqueued)
+                        unqueued = None
                     self.on_cache_point(seq, point)
 
     def process(self, step: Launched) -> list[Sequence]:

@@ -260,7 +260,9 @@ class HeadPrep:
         (2 * rows_cap, kv_heads, t_cap, dim) in place: token i's at slot slots[i] (its values at
         rows_cap + slots[i]), position positions[i]. Saves a scatter and a reshape a layer.
 
-        MLX does not see the write: a reader of `cache` must take q too (attention does), and
+        MLX does not see the write: a reader of `cache` in the same graph must take q too (the
+        decode attention kernel does; compiled.py passes the cache only then), a reader outside
+        it must be evaluated after it (step.py queues a pass before snapshotting its KV), and
         `cache` must be row-contiguous (DecodeBatch's arrays always are), or MLX would hand the
         kernel a copy. Callers check `writes_cache` first."""
         s = self.spec

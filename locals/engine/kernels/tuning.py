@@ -88,13 +88,15 @@ def tuning_rows(backend: str) -> list[int]:
 
 def fill_rows(backend: str) -> list[int]:
     """Row counts a chosen kernel may serve without being timed there (registry._fill_in): the
-    tunable ones, and on CUDA one row too, from the two-row choice. Alone, the tensor-core kernel
-    read one row no faster than MLX's (see `tuning_rows`), but a row on it takes its folds too
-    (SwiGLU inside gate/up, the residual add + norm inside o_proj and down_proj): on MLX's
-    matmuls a one-row whole step of a random 4-bit Qwen3-4B queued 374 primitives, against 229
-    at eight rows on the folded kernel (H200, step_ops-gpu-20261202-184204.json), and a one-stream
-    step is host-bound: 277 and 312 tok/s against 272 and 270 on MLX's, two processes each
-    (process_spread-gpu-20261202-184921.json). LOCALS_ONE_ROW_MLX=1 keeps MLX's (for benchmarks)."""
+    tunable ones, and on CUDA one row too (from the nearest tuned count above it in the same row
+    tile: two rows in a table tuned at 2, 4, 8, ...; none where MLX's op won there). Alone, the
+    tensor-core kernel read one row no faster than MLX's (see `tuning_rows`), but a row on it
+    takes its folds too (SwiGLU inside gate/up, the residual add + norm inside o_proj and
+    down_proj): on MLX's matmuls a one-row whole step of a random 4-bit Qwen3-4B queued 374
+    primitives, against 229 at eight rows on the folded kernel (H200,
+    step_ops-gpu-20261202-184204.json), and a one-stream step is host-bound: 277 and 312 tok/s
+    against 272 and 270 on MLX's, two processes each (process_spread-gpu-20261202-184921.json).
+    LOCALS_ONE_ROW_MLX=1 keeps MLX's (for benchmarks)."""
     rows = tuning_rows(backend)
     if backend == "cuda" and os.environ.get("LOCALS_ONE_ROW_MLX", "0") != "1":
         rows = [1, *rows]
