@@ -455,7 +455,8 @@ def test_a_pass_is_queued_before_its_cache_point_is_snapshotted(monkeypatch):
     logits = mx.zeros((1, 4))
 
     def slot(points, offset):
-        return SimpleNamespace(seq=SimpleNamespace(id="s", cache_points=list(points), kv=SimpleNamespace(offset=offset)))
+        kv = SimpleNamespace(offset=offset)
+        return SimpleNamespace(seq=SimpleNamespace(id="s", cache_points=list(points), kv=kv))
 
     runner._cache_points([slot([12, 30], 13)], {"s": 10}, logits)
     assert events == [("queued", logits), ("snapshot", 12)]
