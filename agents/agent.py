@@ -65,8 +65,10 @@ class Agent:
     """Runs the conversation; `check` is None in question mode."""
 
     def __init__(self, part: int, index: int, client: ChatClient, toolbox: Toolbox, messages: list[dict[str, Any]],
-                 sampling: Sampling, max_steps: int, on_event: EventSink, check: CheckFn | None = None):
+                 sampling: Sampling, max_steps: int, on_event: EventSink, check: CheckFn | None = None,
+                 session: str | None = None):
         self.part, self.index = part, index
+        self.session = session  # sent with each request, so the server can tell the agents apart
         self.client, self.toolbox = client, toolbox
         self.messages = messages
         self.sampling = sampling
@@ -95,7 +97,7 @@ class Agent:
             reply = await self.client.chat(
                 self.messages, tools=schemas, tool_choice="required", parallel_tool_calls=False,
                 temperature=self.sampling.temperature,
-                seed=self.sampling.seed + step, max_tokens=self.sampling.max_tokens,
+                seed=self.sampling.seed + step, max_tokens=self.sampling.max_tokens, session=self.session,
             )
             self.result.prompt_tokens += reply.prompt_tokens
             self.result.completion_tokens += reply.completion_tokens
@@ -162,7 +164,8 @@ class Agent:
         """Question mode with steps spent: ask once more, without tools, for the answer."""
         self.messages.append({"role": "user", "content": "Stop using tools. Answer the question now, briefly."})
         reply = await self.client.chat(self.messages, temperature=self.sampling.temperature,
-                                       seed=self.sampling.seed, max_tokens=self.sampling.max_tokens)
+                                       seed=self.sampling.seed, max_tokens=self.sampling.max_tokens,
+                                       session=self.session)
         self.result.prompt_tokens += reply.prompt_tokens
         self.result.completion_tokens += reply.completion_tokens
         text = reply.content.strip()

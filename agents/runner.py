@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agents.agent import Agent, AgentResult, sampling_for
 from agents.check import Checker
-from agents.events import EventSink, Part, PartDone, PlanReady, ignore
+from agents.events import AgentStarted, EventSink, Part, PartDone, PlanReady, ignore
 from agents.planner import make_plan, single_part
 from agents.prompts import asker_messages, coder_messages
 from agents.sandbox import make_sandbox
@@ -43,6 +44,8 @@ class RunOptions:
     command_timeout_s: float = 120.0
     check_timeout_s: float = 300.0
     max_tokens: int = 1024
+    # Names the run to the server: each agent's requests carry `X-Session-Id: <run_id>/p1-a2`.
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
 
 @dataclass
@@ -168,6 +171,8 @@ class Team:
             worktrees = [await asyncio.to_thread(self.area.add_worktree, f"{label}-a{i + 1}", snap)
                          for i in range(self.options.agents)]
         agents = [self._agent(part, i, path, base, n_parts, listing) for i, (path, base) in enumerate(worktrees)]
+        for agent, (path, _) in zip(agents, worktrees):
+            self.on_event(AgentStarted(part.index, agent.index, path.name, agent.session))
         self.agents += agents
         try:
             winner = await race(agents)
@@ -198,7 +203,7 @@ class Team:
                 return await checker.check(path, base, sandbox)
 
         return Agent(part.index, i, self.client, toolbox, messages, sampling_for(i, self.options.max_tokens),
-                     self.options.max_steps, self.on_event, check)
+                     self.options.max_steps, self.on_event, check, session=f"{self.options.run_id}/{path.name}")
 
     async def _settle(self, part: Part, winner: AgentResult | None, results: list[AgentResult]) -> None:
         if winner is None:
@@ -207,19 +212,21 @@ class Team:
             self.report.answer = winner.summary
             self._part_done(part.index, "answered", winner=winner.agent)
         else:
+            patch = winner.verdict.patch
             async with self.git_lock:
-                applied = await asyncio.to_thread(apply_patch, self.area, winner.verdict.patch, f"p{part.index + 1}")
+                applied = await asyncio.to_thread(apply_patch, self.area, patch, f"p{part.index + 1}")
             if applied.applied:
-                self._part_done(part.index, "applied", winner=winner.agent, files=applied.files)
+                self._part_done(part.index, "applied", winner=winner.agent, files=applied.files, patch=patch)
             else:
                 detail = f"the passing patch does not apply to your current files; kept at {applied.kept_at}"
-                self._part_done(part.index, "conflict", winner=winner.agent, files=applied.files, detail=detail)
+                self._part_done(part.index, "conflict", winner=winner.agent, files=applied.files, detail=detail,
+                                patch=patch)
 
     def _part_done(self, index: int, status: str, winner: int | None = None, files: list[str] | None = None,
-                   detail: str = "") -> None:
+                   detail: str = "", patch: str = "") -> None:
         report = self.report.parts[index]
         report.status, report.winner, report.files, report.detail = status, winner, files or [], detail
-        self.on_event(PartDone(index, status, winner, report.files, detail))
+        self.on_event(PartDone(index, status, winner, report.files, detail, patch))
 
 
 async def race(agents: list[Agent]) -> AgentResult | None:

@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from locals import settings
 from agents import landlock_box
 from locals.errors import LocalsError
 
@@ -71,7 +72,7 @@ class Sandbox:
 def cache_dirs() -> list[Path]:
     """The per-user cache folders build tools write to (pip, uv, npm, ...)."""
     home = Path.home()
-    candidates = [Path(os.environ.get("XDG_CACHE_HOME", home / ".cache"))]
+    candidates = [Path(settings.foreign("XDG_CACHE_HOME") or home / ".cache")]
     if sys.platform == "darwin":
         candidates.append(home / "Library" / "Caches")
     return [p for p in candidates if p.is_dir()]

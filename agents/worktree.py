@@ -17,6 +17,7 @@ from pathlib import Path
 import git
 import psutil
 
+from locals import settings
 from locals.config import state_dir
 from locals.errors import LocalsError
 
@@ -192,7 +193,7 @@ def _user_excludes(repo: git.Repo) -> str:
     try:
         path = Path(repo.git.config("--get", "core.excludesFile")).expanduser()
     except git.GitCommandError:
-        path = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "git" / "ignore"
+        path = Path(settings.foreign("XDG_CONFIG_HOME") or Path.home() / ".config") / "git" / "ignore"
     try:
         return path.read_text()
     except (OSError, UnicodeDecodeError):

@@ -61,7 +61,7 @@ class Server:
         hub = self.home / "hf-hub"
         hub.mkdir(exist_ok=True)
         env = dict(os.environ, LOCALS_HOME=str(self.home), HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(hub))
-        from locals.engine.backend import find_openblas
+        from locals.engine.load.backend import find_openblas
 
         blas = find_openblas()
         if blas:
@@ -206,8 +206,8 @@ def prepare_models(random_model: str | None) -> tuple[object, dict[str, str]]:
             raise SystemExit(f"unknown --random-model {random_model!r}; known: {', '.join(QWEN3_SHAPES)}")
         folder = str(random_model_folder(random_model, work))
         return byte_tokenizer(), {"locals": folder, "mlx_lm": folder}
-    from locals.engine.export import export_mlx
-    from locals.engine.models import load_model
+    from locals.engine.load.export import export_mlx
+    from locals.engine.load.models import load_model
 
     folder = str(export_mlx("smollm2", work, dense=True))
     return load_model("smollm2").tokenizer, {"locals": "smollm2", "mlx_lm": folder}

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import interleaved, load_pair, no_eos, prompts, ragged, summary, write_results  # noqa: E402
-from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
+from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.bench import run_locals, run_mlx_lm  # noqa: E402
 
 
@@ -33,7 +33,7 @@ SWITCHED_OFF = {
                       "also run locals with MLX's attention in decode steps (no decode attention kernel)"),
     "ungated": ("locals-ungated", "locals.engine.kernels.registry", "ungated",
                 "also run locals with SwiGLU as MLX's op instead of inside the gate/up kernel"),
-    "seams": ("locals-seams", "locals.engine.compiled", "seams_only",
+    "seams": ("locals-seams", "locals.engine.forward.compiled", "seams_only",
               "also run locals with decode steps as compiled seams around eager attention, not one "
               "compiled graph a step"),
     "scatter": ("locals-scatter", "locals.engine.kernels.headprep", "scattered",
@@ -94,7 +94,7 @@ def runners_for(args, engine, lookup, unfused, ours, theirs, ps) -> dict:
 def tuning_choices() -> dict:
     """The tuning table the engine ran with: (layer shape -> rows -> choice), {} if none;
     two runs with different tables are different workloads for the kernels."""
-    from locals.engine.kernels.tuning import load_table
+    from locals.engine.kernels.tuning.tuner import load_table
 
     table = load_table()
     return table.choices if table is not None else {}

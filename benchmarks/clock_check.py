@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlx.core as mx  # noqa: E402
 
 from benchmarks.common import interleaved, summary, write_results  # noqa: E402
-from locals.engine.kernels import clock  # noqa: E402
+from locals.engine.kernels.tuning import clock  # noqa: E402
 from locals.engine.kernels.reference import cold_problems, quantized_matmul, rotating  # noqa: E402
-from locals.engine.kernels.tuning import MLX_OP, current_chip, default_candidates, wall_time  # noqa: E402
+from locals.engine.kernels.tuning.tuner import MLX_OP, current_chip, default_candidates, wall_time  # noqa: E402
 
 
 def main() -> None:

@@ -110,8 +110,9 @@ def load_pair(random_model: str | None):
     CPU, embedded model: locals runs dense f32 (its CPU path), mlx-lm the GGUF's
     quantized weights as MLX loads them. With a random model both run the same weights.
     """
-    from locals.engine import backend, gguf
-    from locals.engine.models import LoadedModel, embedded_gguf_path, load_model
+    from locals.engine.load import backend
+    from locals.engine.load import gguf
+    from locals.engine.load.models import LoadedModel, embedded_gguf_path, load_model
 
     if random_model in QWEN3_SHAPES:
         shell = LoadedModel(model=None, tokenizer=byte_tokenizer(), name="", model_id="", vocab_size=0,

@@ -31,13 +31,13 @@ from mlx_lm.models.cache import make_prompt_cache
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import write_results  # noqa: E402
-from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
+from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.constrain import build_constraint  # noqa: E402
 from locals.engine.constrain.apply import apply_bitmasks
 from locals.engine.constrain.schema import schema_regex
 from locals.engine.constrain.vocab import token_vocab
-from locals.engine.models import load_model
-from locals.engine.templates import encode_prompt, render_prompt
+from locals.engine.load.models import load_model
+from locals.engine.load.templates import encode_prompt, render_prompt
 
 S = {"type": "string"}
 

@@ -44,7 +44,7 @@ stamp=$(mktemp)  # only this run's results go to $OUT (all of them would pass wh
 save() { if [ -n "${OUT:-}" ]; then find benchmarks/results \( -name '*.json' -o -name '*.xml' \) -newer "$stamp" -exec cp {} "$OUT"/ \;; fi; }
 shapes() {
   # The quantized layers the engine runs for a random Qwen3 of this shape: joined q/k/v, o,
-  # joined gate/up, down (locals/engine/fuse.py), and the tied lm_head (vocab x hidden).
+  # joined gate/up, down (locals/engine/forward/fuse.py), and the tied lm_head (vocab x hidden).
   python3 - "$model" <<'PY'
 import sys
 from benchmarks.common import QWEN3_SHAPES

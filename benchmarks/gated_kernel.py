@@ -18,9 +18,9 @@ import mlx.core as mx  # noqa: E402
 from mlx_lm.models.activations import swiglu  # noqa: E402
 
 from benchmarks.common import interleaved, summary, write_results  # noqa: E402
-from locals.engine.kernels import clock  # noqa: E402
+from locals.engine.kernels.tuning import clock  # noqa: E402
 from locals.engine.kernels.reference import cold_problems, rotating  # noqa: E402
-from locals.engine.kernels.tuning import current_chip, default_candidates, wall_time  # noqa: E402
+from locals.engine.kernels.tuning.tuner import current_chip, default_candidates, wall_time  # noqa: E402
 
 
 def forms(kernel):

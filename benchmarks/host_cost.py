@@ -30,8 +30,8 @@ def tiny_qwen3(layers: int = 2):
     """A LoadedModel of a dense random Qwen3 too small for its compute to matter."""
     from mlx_lm.models import qwen3
 
-    from locals.engine import backend
-    from locals.engine.models import LoadedModel
+    from locals.engine.load import backend
+    from locals.engine.load.models import LoadedModel
 
     args = qwen3.ModelArgs(model_type="qwen3", hidden_size=64, num_hidden_layers=layers, intermediate_size=128,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=512,

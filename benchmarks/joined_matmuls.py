@@ -1,4 +1,4 @@
-"""Joined q/k/v and gate/up matmuls (locals/engine/fuse.py) against the parts, per batch size:
+"""Joined q/k/v and gate/up matmuls (locals/engine/forward/fuse.py) against the parts, per batch size:
 engine decode tok/s with each of `layer_pass.JOINED_MAX_TOKENS`'s settings, with the fused
 kernels (kernels/fused.py: q/k norm + RoPE, add + norm; where attached) and with MLX's ops for
 them ("-mlx-ops"), interleaved rounds.
@@ -16,8 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import interleaved, load_pair, no_eos, prompts, summary, write_results  # noqa: E402
-from locals.engine import layer_pass  # noqa: E402
-from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
+from locals.engine.forward import layer_pass  # noqa: E402
+from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.bench import run_locals  # noqa: E402
 from locals.engine.kernels.fused import mlx_ops  # noqa: E402
 

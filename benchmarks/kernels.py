@@ -23,10 +23,10 @@ import mlx.core as mx  # noqa: E402
 
 from benchmarks.common import interleaved, summary, write_results  # noqa: E402
 from locals.cli.tune import _parse_rows  # noqa: E402  (the same "1-16" / "1,2,8-16" as `locals tune --rows`)
-from locals.engine.kernels import clock  # noqa: E402
+from locals.engine.kernels.tuning import clock  # noqa: E402
 from locals.engine.kernels.reference import cold_problems, quantized_matmul, rotating  # noqa: E402
-from locals.engine.kernels.tuning import MLX_OP, current_chip, default_candidates  # noqa: E402
-from locals.engine.kernels.verify import default_cases, passes, verify  # noqa: E402
+from locals.engine.kernels.tuning.tuner import MLX_OP, current_chip, default_candidates  # noqa: E402
+from locals.engine.kernels.tuning.verify import default_cases, passes, verify  # noqa: E402
 
 SHAPES = ((9728, 2560), (2560, 9728), (2560, 2560))
 

@@ -24,7 +24,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import write_results  # noqa: E402
-from locals.engine.kv import DecodeBatch, RowKV  # noqa: E402
+from locals.engine.forward.kv import DecodeBatch, RowKV  # noqa: E402
 
 ROWS, KV_HEADS, HEAD_DIM = 8, 8, 128
 

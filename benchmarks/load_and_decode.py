@@ -12,7 +12,7 @@ import json
 import statistics
 import time
 
-from locals.engine.backend import reexec_with_fast_blas
+from locals.engine.load.backend import reexec_with_fast_blas
 
 
 def main() -> None:
@@ -25,8 +25,8 @@ def main() -> None:
 
     from mlx_lm.generate import stream_generate
 
-    from locals.engine.models import load_model
-    from locals.engine.templates import encode_prompt, render_prompt
+    from locals.engine.load.models import load_model
+    from locals.engine.load.templates import encode_prompt, render_prompt
 
     start = time.perf_counter()
     loaded = load_model(args.model)

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mlx.core as mx  # noqa: E402
 
 from benchmarks.common import load_pair, write_results  # noqa: E402
-from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
-from locals.engine.forward import CompiledBlocks, RowInput, forward  # noqa: E402
-from locals.engine.kv import DecodeBatch, RowKV  # noqa: E402
+from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
+from locals.engine.forward.forward import CompiledBlocks, RowInput, forward  # noqa: E402
+from locals.engine.forward.kv import DecodeBatch, RowKV  # noqa: E402
 
 
 def decode_batch(model, batch: int, context: int) -> list[RowKV]:

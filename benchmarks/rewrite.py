@@ -105,7 +105,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from locals.engine.engine import Engine
-    from locals.engine.models import load_model
+    from locals.engine.load.models import load_model
     from locals.engine.settings import EngineConfig
 
     loaded = load_model("smollm2")

@@ -133,8 +133,8 @@ class ModuleProxy:
 def variant(name: str):
     """locals as shipped; without compiled graphs; with compiled seams, not whole steps; whole
     steps storing K/V with a scatter (not from the head kernel); or with MLX's own matmuls only."""
-    from locals.engine import forward
-    from locals.engine.compiled import seams_only
+    from locals.engine.forward import forward
+    from locals.engine.forward.compiled import seams_only
     from locals.engine.kernels import mlx_ops_only
     from locals.engine.kernels.headprep import scattered
 

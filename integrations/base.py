@@ -8,13 +8,14 @@ Tools talk to the server only through the URLs in `LaunchContext`.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+from locals import settings
 
 API_KEY = "locals"  # the server accepts any key; tools insist on having one
 
@@ -57,7 +58,7 @@ class LaunchContext:
         return min(wanted, self.context_length) if self.context_length else wanted
 
     def own_dir(self, tool: str) -> Path:
-        base = self.state_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "locals-tools"
+        base = self.state_dir or Path(settings.foreign("TMPDIR", "/tmp")) / "locals-tools"
         path = base / tool
         path.mkdir(parents=True, exist_ok=True)
         return path

@@ -9,9 +9,9 @@ one thing Claude Code only reads from its own file is `hasCompletedOnboarding` i
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from locals import settings
 from integrations.base import API_KEY, ConfigChange, LaunchContext, Tool, register
 
 MODEL_SLOTS = (
@@ -26,7 +26,7 @@ MODEL_SLOTS = (
 
 def global_state_file() -> Path:
     """Claude Code's own state file (it moves with CLAUDE_CONFIG_DIR)."""
-    folder = os.environ.get("CLAUDE_CONFIG_DIR")
+    folder = settings.foreign("CLAUDE_CONFIG_DIR")
     return Path(folder) / ".claude.json" if folder else Path.home() / ".claude.json"
 
 
@@ -73,6 +73,6 @@ class Claude(Tool):
         return [ConfigChange(path, {("hasCompletedOnboarding",): True}, "skips the first-run login screen")]
 
     def setup_values(self, ctx: LaunchContext) -> list[ConfigChange]:
-        settings = Path(os.environ.get("CLAUDE_CONFIG_DIR") or Path.home() / ".claude") / "settings.json"
+        settings_file = Path(settings.foreign("CLAUDE_CONFIG_DIR") or Path.home() / ".claude") / "settings.json"
         values = {("env", key): value for key, value in self.env(ctx).items() if value is not None}
-        return [ConfigChange(settings, values, "points plain `claude` at locals")]
+        return [ConfigChange(settings_file, values, "points plain `claude` at locals")]

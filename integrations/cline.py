@@ -7,9 +7,9 @@ writes the same provider into ~/.cline/data/settings/providers.json instead.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from locals import settings
 from integrations.base import API_KEY, ConfigChange, LaunchContext, Tool, register
 
 PROVIDER = "openai-compatible"
@@ -39,12 +39,12 @@ class Cline(Tool):
         return [self.executable, *options, *args]
 
     def setup_values(self, ctx: LaunchContext) -> list[ConfigChange]:
-        home = Path(os.environ.get("CLINE_DIR") or Path.home() / ".cline")
-        settings = {"provider": PROVIDER, "apiKey": API_KEY, "model": ctx.model, "baseUrl": ctx.v1}
+        home = Path(settings.foreign("CLINE_DIR") or Path.home() / ".cline")
+        provider = {"provider": PROVIDER, "apiKey": API_KEY, "model": ctx.model, "baseUrl": ctx.v1}
         values = {
             ("version",): 1,
             ("lastUsedProvider",): PROVIDER,
-            ("providers", PROVIDER): {"settings": settings, "tokenSource": "manual"},
+            ("providers", PROVIDER): {"settings": provider, "tokenSource": "manual"},
         }
         return [ConfigChange(home / "data" / "settings" / "providers.json", values,
                              "makes locals Cline's provider")]

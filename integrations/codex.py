@@ -7,9 +7,9 @@ A launch passes the provider as `-c` overrides (nothing written to ~/.codex);
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from locals import settings
 from integrations.base import API_KEY, ConfigChange, LaunchContext, Tool, register
 
 KEY_ENV = "LOCALS_API_KEY"
@@ -47,7 +47,7 @@ class Codex(Tool):
         return [self.executable, "-C", str(ctx.workdir), *self.overrides(ctx), *args]
 
     def setup_values(self, ctx: LaunchContext) -> list[ConfigChange]:
-        home = Path(os.environ.get("CODEX_HOME") or Path.home() / ".codex")
+        home = Path(settings.foreign("CODEX_HOME") or Path.home() / ".codex")
         provider = {k: v for k, v in self.provider(ctx).items() if k != "env_key"}
         values = {
             ("model_provider",): "locals",

@@ -7,9 +7,9 @@ block, with a 64k context length (capped by the model's), into ~/.hermes/config.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from locals import settings
 from integrations.base import API_KEY, ConfigChange, LaunchContext, Tool, register
 
 
@@ -36,7 +36,7 @@ class Hermes(Tool):
         return [*argv, *args]
 
     def setup_values(self, ctx: LaunchContext) -> list[ConfigChange]:
-        home = Path(os.environ.get("HERMES_HOME") or Path.home() / ".hermes")
+        home = Path(settings.foreign("HERMES_HOME") or Path.home() / ".hermes")
         values = {
             ("model", "provider"): "custom",
             ("model", "default"): ctx.model,

@@ -7,18 +7,18 @@ provider and make it the agents' primary model there (backed up, undone by
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
+from locals import settings
 from integrations.base import API_KEY, ConfigChange, LaunchContext, Tool, register
 
 
 def config_file() -> Path:
-    explicit = os.environ.get("OPENCLAW_CONFIG_PATH")
+    explicit = settings.foreign("OPENCLAW_CONFIG_PATH")
     if explicit:
         return Path(explicit)
-    state = Path(os.environ.get("OPENCLAW_STATE_DIR") or Path.home() / ".openclaw")
+    state = Path(settings.foreign("OPENCLAW_STATE_DIR") or Path.home() / ".openclaw")
     return state / "openclaw.json"
 
 

@@ -8,10 +8,10 @@ provider into it (with a backup) so plain `opencode` and the desktop app use it 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from locals import settings
 from integrations.base import API_KEY, ConfigChange, LaunchContext, Tool, register
 
 SCHEMA = "https://opencode.ai/config.json"
@@ -35,7 +35,7 @@ def provider_block(ctx: LaunchContext, window: int) -> dict[str, Any]:
 
 def global_config(app: str) -> Path:
     """The app's global config file: an existing .jsonc/.json/config.json, else <app>.json."""
-    root = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / app
+    root = Path(settings.foreign("XDG_CONFIG_HOME") or Path.home() / ".config") / app
     for name in (f"{app}.jsonc", f"{app}.json", "config.json"):
         if (root / name).exists():
             return root / name

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from locals import __version__
 from locals.errors import DaemonNotRunning, LocalsError
 
 _TOOL_BLOCK = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
@@ -78,7 +79,7 @@ class ChatClient:
     def __init__(self, base_url: str, model: str | None = None, api_key: str = "local", timeout_s: float = 600.0):
         self.base_url = v1_url(base_url)
         self.model = model
-        self._headers = {"Authorization": f"Bearer {api_key}"}
+        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": f"locals-run/{__version__}"}
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
@@ -116,8 +117,10 @@ class ChatClient:
         temperature: float = 0.0,
         seed: int | None = None,
         max_tokens: int = 1024,
+        session: str | None = None,
     ) -> ChatReply:
-        """One non-streaming chat completion."""
+        """One non-streaming chat completion; `session` names the conversation to the server
+        (`X-Session-Id`: the locals dashboard groups requests by it, other servers ignore it)."""
         body: dict[str, Any] = {
             "model": await self.resolve_model(),
             "messages": messages,
@@ -135,14 +138,16 @@ class ChatClient:
                 body["parallel_tool_calls"] = parallel_tool_calls
         if response_format is not None:
             body["response_format"] = response_format
-        return parse_reply(await self._request("POST", "/chat/completions", body))
+        headers = {"X-Session-Id": session} if session else None
+        return parse_reply(await self._request("POST", "/chat/completions", body, headers))
 
-    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None,
+                       headers: dict[str, str] | None = None) -> dict[str, Any]:
         if self._session is None:
             raise RuntimeError("ChatClient used outside `async with`")
         url = self.base_url + path
         try:
-            async with self._session.request(method, url, json=body) as resp:
+            async with self._session.request(method, url, json=body, headers=headers) as resp:
                 text = await resp.text()
                 if resp.status >= 400:
                     raise ClientError(f"{url} answered {resp.status}: {_error_message(text)}")

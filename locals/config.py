@@ -12,6 +12,8 @@ from pathlib import Path
 
 import platformdirs
 
+from locals import settings
+
 DEFAULT_PORT = 8321
 DEFAULT_HOST = "127.0.0.1"
 OLLAMA_PORT = 11434
@@ -19,7 +21,7 @@ APP = "locals"
 
 
 def _root(kind: str) -> Path:
-    home = os.environ.get("LOCALS_HOME")
+    home = settings.HOME.get()
     if home:
         return Path(home) / kind
     getter = {

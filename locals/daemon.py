@@ -26,6 +26,7 @@ from typing import Callable
 
 import psutil
 
+from locals import settings
 from locals.config import (DEFAULT_HOST, DEFAULT_PORT, Remembered, load_remembered, log_dir, save_remembered,
                            state_dir)
 from locals.errors import LocalsError
@@ -36,12 +37,6 @@ START_TIMEOUT_S = 900  # first start may download a model
 STOP_TIMEOUT_S = 70
 LOG_ROTATE_BYTES = 20 << 20
 # Environment a service manager must pass on (it does not inherit the caller's).
-PASSED_ENV = ("LOCALS_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "XDG_CACHE_HOME",
-              "XDG_STATE_HOME", "XDG_CONFIG_HOME", "PATH", "LD_PRELOAD", "LOCALS_KV_BUDGET_MB",
-              "LOCALS_PREFIX_CACHE_MB", "LOCALS_MAX_BATCH", "LOCALS_SPECULATE", "LOCALS_KERNELS", "LOCALS_API_KEY",
-              "LOCALS_MAX_TOKENS", "LOCALS_JOINED_MAX_TOKENS", "LOCALS_GLU_FOLD", "LOCALS_GATED_FOLD",
-              "LOCALS_ONE_ROW_MLX", "LOCALS_NORM_FOLD", "LOCALS_CONSTRAINT_TIMEOUT", "LOCALS_NO_OPENBLAS",
-              "MLX_PTX_CACHE_DIR")
 
 
 class AlreadyRunning(LocalsError):
@@ -197,7 +192,7 @@ def _server_command(model: str | None, port: int, host: str) -> list[str]:
 
 
 def _passed_env() -> dict[str, str]:
-    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    env = settings.passed_to_daemon()
     env["PYTHONUNBUFFERED"] = "1"  # log lines reach the file as they happen
     return env
 
@@ -431,7 +426,7 @@ def same_model(asked: str, serving: str) -> bool:
     """Whether two names (alias, repo id, path) mean the same weights."""
     if asked == serving:
         return True
-    from locals.engine.models import resolve
+    from locals.engine.load.models import resolve
 
     try:
         return resolve(asked)[1] == resolve(serving)[1]
@@ -450,7 +445,7 @@ def ensure_running(model: str | None = None, port: int | None = None) -> str:
             record = read_record(port)
             serving = {body.get("model"), record.model if record else None} - {None}
             if not any(same_model(model, name) for name in serving):
-                from locals.engine.models import fetch_weights
+                from locals.engine.load.models import fetch_weights
 
                 fetch_weights(model)  # a model that cannot be had fails here, the running server untouched
                 stop(port)

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from locals.engine.backend import needs_fast_blas_reexec, reexec_with_fast_blas
+from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_blas
 
 
 def pytest_configure(config):
@@ -61,7 +61,7 @@ def locals_home(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def smollm2():
     """The embedded SmolLM2-135M-Instruct, loaded once per test session."""
-    from locals.engine.models import load_model
+    from locals.engine.load.models import load_model
 
     return load_model("smollm2")
 

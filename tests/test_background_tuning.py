@@ -10,8 +10,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from locals.engine.engine import Engine
-from locals.engine.kernels.background import BackgroundTuning
-from locals.engine.kernels.tuning import load_table
+from locals.engine.kernels.tuning.background import BackgroundTuning
+from locals.engine.kernels.tuning.tuner import load_table
 from locals.engine.settings import EngineConfig
 from locals.protocol import GenerationRequest, SamplingParams
 from tests.test_engine import Collector
@@ -123,7 +123,7 @@ def test_background_tuning_resumes_and_saves_each_slice(locals_home):
 
 
 def test_background_verification_is_interruptible_and_done_once(locals_home, monkeypatch):
-    from locals.engine.kernels import background
+    from locals.engine.kernels.tuning import background
 
     model = _quantized_model()
     screened = []
@@ -175,7 +175,7 @@ def test_background_tuning_swaps_each_layer_shape_once_timed_largest_first(local
 
 def test_layers_swapped_at_load_take_the_row_counts_tuned_while_idle(locals_home):
     from locals.engine.kernels.registry import TunedQuantizedLinear, patch_model
-    from locals.engine.kernels.tuning import TuningTable, current_chip, kernels_tag, save_table
+    from locals.engine.kernels.tuning.tuner import TuningTable, current_chip, kernels_tag, save_table
 
     mx.random.seed(0)
     model = nn.Sequential(nn.Linear(256, 128), nn.Linear(256, 192))

@@ -96,7 +96,7 @@ def test_models_lists_aliases():
 
 
 def test_what_fits_counts_float32_weights_on_a_cpu():
-    from locals.engine.models_list import loaded_bytes
+    from locals.engine.load.models_list import loaded_bytes
 
     assert loaded_bytes(1e9, "mlx-community/Qwen3-4B-4bit", dense=False) == 1e9
     assert loaded_bytes(1e9, "mlx-community/Qwen3-4B-4bit", dense=True) == 8e9

@@ -7,13 +7,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from locals.engine import compiled as compiled_mod
-from locals.engine.compiled import CompiledBlocks, seams_only
-from locals.engine.forward import RowInput, forward
-from locals.engine.fuse import fuse_projections
+from locals.engine.forward import compiled as compiled_mod
+from locals.engine.forward.compiled import CompiledBlocks, seams_only
+from locals.engine.forward.forward import RowInput, forward
+from locals.engine.forward.fuse import fuse_projections
 from locals.engine.kernels import registry
 from locals.engine.kernels.headprep import cache_verified, spec_of
-from locals.engine.kv import DecodeBatch, RowKV
+from locals.engine.forward.kv import DecodeBatch, RowKV
 from tests.test_fuse import _qwen3
 from tests.test_decode_attention import OpsAttention
 from tests.test_fused_kernels import OpsHeadPrep

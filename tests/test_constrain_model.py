@@ -17,7 +17,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from locals.engine.constrain import build_constraint
 from locals.engine.constrain.apply import apply_bitmasks
-from locals.engine.templates import encode_prompt, render_prompt
+from locals.engine.load.templates import encode_prompt, render_prompt
 
 pytestmark = pytest.mark.model
 S = {"type": "string"}

@@ -96,20 +96,6 @@ def test_a_server_that_dies_while_starting_is_reported(monkeypatch):
     assert load_remembered().port != 18559  # only a start that worked is remembered
 
 
-def test_every_locals_variable_reaches_a_background_server():
-    """Service managers start the server with a clean environment: each LOCALS_* setting
-    the code reads must be in the list `locals start` passes on."""
-    import re
-    from pathlib import Path
-
-    root = Path(daemon.__file__).parent
-    read = set()
-    for path in root.rglob("*.py"):
-        read |= set(re.findall(r"\bLOCALS_[A-Z_]+\b", path.read_text()))
-    internal = {"LOCALS_BLAS_REEXEC"}  # set by locals itself on its OpenBLAS restart
-    assert read - internal <= set(daemon.PASSED_ENV), sorted(read - internal - set(daemon.PASSED_ENV))
-
-
 def test_start_with_another_model_than_the_running_one_fails(monkeypatch):
     from typer.testing import CliRunner
 

@@ -12,11 +12,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from locals.engine.compiled import seams_only
-from locals.engine.forward import CompiledBlocks, RowInput, forward
+from locals.engine.forward.compiled import seams_only
+from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
 from locals.engine.kernels import decode_attention as da
 from locals.engine.kernels.decode_attention import DecodeAttention, check, reference, verified, warps_for
-from locals.engine.kv import DecodeBatch, RowKV
+from locals.engine.forward.kv import DecodeBatch, RowKV
 from tests.test_fuse import _qwen3
 
 

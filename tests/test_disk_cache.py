@@ -6,9 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from locals.engine.disk_cache import DiskPrefixStore, decode
-from locals.engine.prefix_cache import MemoryPrefixCache
-from locals.engine.tiered_cache import TieredPrefixCache
+from locals.engine.cache.disk_cache import DiskPrefixStore, decode
+from locals.engine.cache.prefix_cache import MemoryPrefixCache
+from locals.engine.cache.tiered_cache import TieredPrefixCache
 
 
 def _kv(n: int, layers: int = 3, dtype=mx.float32, seed: int = 0):
@@ -150,7 +150,7 @@ def test_cache_cli_lists_and_clears(locals_home):
 
     from locals.cli import app
     from locals.cli.cache import prompts_dir
-    from locals.engine.disk_cache import DiskPrefixStore
+    from locals.engine.cache.disk_cache import DiskPrefixStore
 
     store = DiskPrefixStore(prompts_dir(), "abc123", 10**8, min_tokens=1)
     store.save(list(range(77)), _kv(77))

@@ -199,7 +199,7 @@ def test_a_broken_engine_answers_every_request_and_says_why(tiny_llama, monkeypa
 
 @pytest.mark.model
 def test_smollm2_batched_greedy_equals_alone(smollm2):
-    from locals.engine.templates import render_prompt
+    from locals.engine.load.templates import render_prompt
 
     questions = ["What is the capital of France?", "Write a haiku about the sea.",
                  "Count from 1 to 10.", "Name three colors."]
@@ -223,7 +223,7 @@ def test_smollm2_batched_greedy_equals_alone(smollm2):
 
 @pytest.mark.model
 def test_smollm2_stop_string_held_back_and_batched(smollm2):
-    from locals.engine.templates import render_prompt
+    from locals.engine.load.templates import render_prompt
 
     prompt = smollm2.tokenizer.encode(
         render_prompt(smollm2, [{"role": "user", "content": "Count from 1 to 10, one per line."}]),

@@ -277,7 +277,7 @@ def test_prefix_cache_reuse_gives_same_output(tiny_llama):
 
 
 def test_cache_points_are_inserted(tiny_llama):
-    from locals.engine.prefix_cache import MemoryPrefixCache
+    from locals.engine.cache.prefix_cache import MemoryPrefixCache
 
     cache = MemoryPrefixCache(1 << 30)
     eng = Engine(tiny_llama, EngineConfig(step_token_budget=8), prefix_cache=cache)

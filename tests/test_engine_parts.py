@@ -10,13 +10,13 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from locals.engine.forward import CompiledBlocks, RowInput, forward
-from locals.engine.forward import forward as forward_pass
-from locals.engine.kv import DecodeBatch, RowKV
-from locals.engine.prefix_cache import MemoryPrefixCache, NoPrefixCache
-from locals.engine.sampling import RowSampling, apply_masks, sample
+from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
+from locals.engine.forward.forward import forward as forward_pass
+from locals.engine.forward.kv import DecodeBatch, RowKV
+from locals.engine.cache.prefix_cache import MemoryPrefixCache, NoPrefixCache
+from locals.engine.rows.sampling import RowSampling, apply_masks, sample
 from locals.engine.scheduler import Scheduler
-from locals.engine.stops import StopText
+from locals.engine.rows.stops import StopText
 
 
 def test_stop_text_holds_back_possible_start_and_drops_stop():
@@ -36,7 +36,7 @@ def test_stop_text_names_the_string_that_matched_first():
 
 
 def test_a_continuation_keeps_its_first_leading_space(smollm2):
-    from locals.engine.tokenizer import continuation_detokenizer
+    from locals.engine.load.tokenizer import continuation_detokenizer
 
     tokens = smollm2.tokenizer.encode(" Paris is big", add_special_tokens=False)
     texts = []
@@ -352,20 +352,20 @@ def test_long_row_decodes_on_its_own_caches_next_to_the_batch(tiny_llama):
 
 
 def test_engine_settings_from_the_environment(monkeypatch):
-    from locals.engine.assemble import config_from_env
+    from locals.engine.assemble import config_from_settings
 
     monkeypatch.setenv("LOCALS_KV_BUDGET_MB", "300")
     monkeypatch.setenv("LOCALS_PREFIX_CACHE_MB", "64")
     monkeypatch.setenv("LOCALS_MAX_BATCH", "5")
     monkeypatch.setenv("LOCALS_SPECULATE", "off")
     monkeypatch.setenv("LOCALS_KERNELS", "0")
-    config = config_from_env()
+    config = config_from_settings()
     assert (config.kv_budget_bytes, config.prefix_cache_bytes) == (300 * 2**20, 64 * 2**20)
     assert config.max_batch == 5 and config.speculate is False and config.tuned_kernels is False
     for name in ("LOCALS_KV_BUDGET_MB", "LOCALS_PREFIX_CACHE_MB", "LOCALS_MAX_BATCH", "LOCALS_SPECULATE",
                  "LOCALS_KERNELS"):
         monkeypatch.delenv(name)
-    default = config_from_env()
+    default = config_from_settings()
     assert default.speculate is True and default.tuned_kernels is True
     assert default.prefix_cache_bytes >= 256 * 2**20
 

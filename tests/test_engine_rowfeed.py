@@ -7,10 +7,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import locals.engine.forward as forward_mod
+import locals.engine.forward.forward as forward_mod
 from locals.engine.engine import Engine
-from locals.engine.rowfeed import RowOf, join_rows
-from locals.engine.sampling import apply_masks
+from locals.engine.forward.rowfeed import RowOf, join_rows
+from locals.engine.rows.sampling import apply_masks
 from locals.engine.settings import EngineConfig
 from locals.protocol import GenerationRequest, SamplingParams
 from test_engine import Collector, make_prompts, run_alone

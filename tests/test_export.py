@@ -12,7 +12,7 @@ import pytest
 def test_export_loads_in_mlx_lm(tmp_path, dense):
     from mlx_lm import generate, load
 
-    from locals.engine.export import export_mlx
+    from locals.engine.load.export import export_mlx
 
     out = export_mlx("smollm2", tmp_path / "m", dense=dense)
     config = json.loads((out / "config.json").read_text())

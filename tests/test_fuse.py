@@ -9,10 +9,10 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen2, qwen3
 
-from locals.engine.forward import RowInput, forward
-from locals.engine.fuse import PartOf, fuse_projections
-from locals.engine.kernels.tuning import model_problems
-from locals.engine.kv import RowKV, kv_bytes_per_token
+from locals.engine.forward.forward import RowInput, forward
+from locals.engine.forward.fuse import PartOf, fuse_projections
+from locals.engine.kernels.tuning.tuner import model_problems
+from locals.engine.forward.kv import RowKV, kv_bytes_per_token
 
 
 def _qwen3(quantize: bool, seed: int = 3, head_dim: int = 32):
@@ -50,7 +50,7 @@ def _logits(model, tokens: list[int]) -> np.ndarray:
 @pytest.mark.parametrize("build", [lambda: _qwen3(True), lambda: _qwen3(False), _qwen2_with_biases],
                          ids=["qwen3-4bit", "qwen3-dense", "qwen2-biases"])
 def test_joined_model_computes_what_it_did_and_holds_each_weight_once(build, monkeypatch):
-    from locals.engine import layer_pass as fwd
+    from locals.engine.forward import layer_pass as fwd
 
     monkeypatch.setattr(fwd, "JOINED_MAX_TOKENS", {"fused_qkv": 64, "fused_gate_up": 64})
     model = build()
@@ -102,7 +102,7 @@ def test_parts_of_different_kinds_or_settings_stay_apart():
 
 
 def test_passes_longer_than_the_setting_run_the_parts(monkeypatch):
-    from locals.engine import layer_pass as fwd
+    from locals.engine.forward import layer_pass as fwd
 
     model = _qwen3(True)
     fuse_projections(model)
@@ -131,7 +131,7 @@ def test_passes_longer_than_the_setting_run_the_parts(monkeypatch):
 
 
 def test_joined_matmuls_run_every_pass_but_qkv_without_the_head_kernel_on_cuda(monkeypatch):
-    from locals.engine import layer_pass as fwd
+    from locals.engine.forward import layer_pass as fwd
 
     class FakeCuda:
         available = True
@@ -141,19 +141,16 @@ def test_joined_matmuls_run_every_pass_but_qkv_without_the_head_kernel_on_cuda(m
             return cls.available
 
     monkeypatch.setattr(mx, "cuda", FakeCuda, raising=False)
-    monkeypatch.delenv("LOCALS_JOINED_MAX_TOKENS", raising=False)
     assert min(fwd._default_joined_limits().values()) > 1 << 20
     assert fwd._unfused_qkv_limit() == 4
     FakeCuda.available = False
     assert fwd._unfused_qkv_limit() > 1 << 20
-    monkeypatch.setenv("LOCALS_JOINED_MAX_TOKENS", "2")
-    assert fwd._default_joined_limits() == {"fused_qkv": 2, "fused_gate_up": 2}
 
 
 def test_rope_gets_int32_offsets_so_no_cast_per_call(monkeypatch):
     # mx.fast.rope casts offsets of any other dtype to int32: one cast op per call (numpy's
     # default int64 positions cost two a layer, kernels on a GPU).
-    from locals.engine.forward import CompiledBlocks
+    from locals.engine.forward.forward import CompiledBlocks
 
     real, seen = mx.fast.rope, []
 

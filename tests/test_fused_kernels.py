@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from mlx_lm.models import llama
 
-from locals.engine import layer_pass as fwd
-from locals.engine.forward import CompiledBlocks, RowInput, forward
-from locals.engine.fuse import fuse_projections
+from locals.engine.forward import layer_pass as fwd
+from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
+from locals.engine.forward.fuse import fuse_projections
 from locals.engine.kernels import addnorm, fused
 from locals.engine.kernels.addnorm import AddNorm
 from locals.engine.kernels.headprep import (HeadPrep, HeadSpec, cache_verified, check, check_into_cache, reference,
                                             reference_into_cache, spec_of, verified)
-from locals.engine.kv import RowKV
+from locals.engine.forward.kv import RowKV
 from tests.test_fuse import _qwen3 as tiny_qwen3
 
 

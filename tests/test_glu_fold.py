@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from mlx_lm.models.activations import swiglu
 
-from locals.engine import layer_pass as fwd
-from locals.engine.forward import CompiledBlocks
-from locals.engine.fuse import fuse_projections
+from locals.engine.forward import layer_pass as fwd
+from locals.engine.forward.forward import CompiledBlocks
+from locals.engine.forward.fuse import fuse_projections
 from locals.engine.kernels import glu
 from locals.engine.kernels.reference import quantized_matmul, random_problem
 from locals.engine.kernels.registry import TunedQuantizedLinear, mlx_ops_only
@@ -102,25 +102,6 @@ def test_forward_takes_the_activation_from_a_folded_kernel(monkeypatch, form):
     assert kernel.folded - checks >= len(model.model.layers)
 
 
-def test_patching_folds_down_projections_when_switched_on(monkeypatch):
-    from locals.engine.kernels import registry
-    from locals.engine.kernels.registry import layer_problem, patch_model
-    from locals.engine.kernels.tuning import TuningTable
-
-    kernel = OpsGlu("ops-glu-patch")
-    monkeypatch.setattr(registry, "_candidates_by_name", lambda: {kernel.name: kernel})
-    for setting, folded in (("1", {1, 4}), ("", set()), ("0", set())):
-        monkeypatch.setenv("LOCALS_GLU_FOLD", setting)
-        model = _qwen3(True)
-        layers = model.model.layers
-        keys = {layer_problem(layer.mlp.down_proj).key for layer in layers}
-        keys.add(layer_problem(layers[0].mlp.up_proj).key)
-        table = TuningTable(chip="test", mlx=mx.__version__, kernels="test", complete=True,
-                            choices={key: {"1": kernel.name, "4": kernel.name} for key in keys})
-        assert patch_model(model, table) > 0
-        assert all(layer.mlp.down_proj._routes.glu_rows == folded for layer in layers)
-        assert all(not layer.mlp.up_proj._routes.glu_rows for layer in layers)  # only down projections
-
 
 class OpsGated:
     """A kernel that also writes silu(gate) * up of a joined [gate | up] weight (`gated=True`),
@@ -171,15 +152,14 @@ def test_a_joined_layer_writes_the_activation_for_the_rows_that_passed():
         assert tuned.gated(x) is None
 
 
-def test_patching_gates_the_joined_gate_up_unless_switched_off(monkeypatch):
+def test_patching_gates_the_joined_gate_up(monkeypatch):
     from locals.engine.kernels import registry
     from locals.engine.kernels.registry import folded_counts, layer_problem, patch_model
-    from locals.engine.kernels.tuning import TuningTable
+    from locals.engine.kernels.tuning.tuner import TuningTable
 
     kernel = OpsGated("ops-gated-patch")
     monkeypatch.setattr(registry, "_candidates_by_name", lambda: {kernel.name: kernel})
-    for setting, gated in (("", {1, 4}), ("1", {1, 4}), ("0", set())):
-        monkeypatch.setenv("LOCALS_GATED_FOLD", setting)
+    for gated in ({1, 4},):
         model = _qwen3(True)
         fuse_projections(model)
         layers = model.model.layers

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from locals import toolloop
-from locals.engine.repetition import LOOP, RepetitionGuard, RepetitionSettings, repetition_guard_factory
+from locals.engine.rows.repetition import LOOP, RepetitionGuard, RepetitionSettings, repetition_guard_factory
 from locals.protocol import GenerationRequest
 
 

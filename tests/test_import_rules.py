@@ -7,7 +7,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("mlx", "mlx_lm", "outlines_core")
-CLIENT_SIDE_ALLOWED = {"locals", "locals.client", "locals.config", "locals.protocol", "locals.errors"}
+CLIENT_SIDE_ALLOWED = {"locals", "locals.client", "locals.config", "locals.protocol", "locals.errors", "locals.settings"}
+# The engine's rooms, lowest first: a module imports only its own room and the rooms before it
+# (the loop files at the top of locals/engine/ come last). docs/architecture.md describes each.
+ROOMS = ("constrain", "load", "kernels", "forward", "rows", "cache")
 
 
 def _imports(path: Path) -> list[str]:
@@ -73,6 +76,31 @@ def test_server_reaches_the_engine_only_through_its_facade():
     offenders = [f"{p.relative_to(ROOT)}: {n}" for p in _modules("locals/server")
                  for n in _imports(p) if n.startswith("locals.engine") and n not in allowed]
     assert not offenders, offenders
+
+
+def _room(module: str) -> int:
+    """The rank of an engine module's room; the loop files and the facade rank above every room."""
+    parts = module.split(".")
+    return ROOMS.index(parts[2]) if len(parts) >= 3 and parts[2] in ROOMS else len(ROOMS)
+
+
+def test_engine_rooms_import_in_one_direction():
+    offenders = []
+    for path in _modules("locals/engine"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for name in _imports(path):
+            if name.startswith("locals.engine.") and _room(name) > _room(module):
+                offenders.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not offenders, offenders
+
+
+def test_every_engine_module_lives_in_a_room_or_is_a_loop_file():
+    loop_files = {"__init__", "engine", "scheduler", "step", "settings", "assemble", "admission", "stats",
+                  "hooks", "bench"}
+    top = {p.stem for p in (ROOT / "locals" / "engine").glob("*.py")}
+    assert top <= loop_files, sorted(top - loop_files)
+    rooms = {p.name for p in (ROOT / "locals" / "engine").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert rooms == set(ROOMS), rooms
 
 
 def test_the_rules_see_a_violation(tmp_path):

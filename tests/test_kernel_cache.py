@@ -4,7 +4,7 @@ import os
 
 import mlx.core as mx
 
-from locals.engine.backend import keep_compiled_kernels
+from locals.engine.load.backend import keep_compiled_kernels
 
 
 def test_compiled_kernels_go_to_the_locals_cache_per_mlx_version(tmp_path, monkeypatch):

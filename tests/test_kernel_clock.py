@@ -8,16 +8,16 @@ import itertools
 import mlx.core as mx
 import pytest
 
-from locals.engine.kernels import clock
+from locals.engine.kernels.tuning import clock
 from locals.engine.kernels.reference import cold_problems, quantized_matmul, rotating
-from locals.engine.kernels.tuning import HOST_US_PER_LAUNCH, MLX_OP, Problem, tune
+from locals.engine.kernels.tuning.tuner import HOST_US_PER_LAUNCH, MLX_OP, Problem, tune
 
 SMALL_SHAPES = ((33, 128), (7, 192))
 
 
 def test_device_stamps_are_for_cuda_only():
     # On the CPU and Metal tuning keeps the host clock; on CUDA the stamp kernel must run.
-    from locals.engine.backend import detect
+    from locals.engine.load.backend import detect
 
     assert (clock.timer(mx.float32) is not None) == (detect().kind == "cuda")
 

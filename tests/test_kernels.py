@@ -13,9 +13,9 @@ from locals.engine.kernels import qmm
 from locals.engine.kernels.reference import (MAX_COPIES, DequantizedCandidate, PaddedCandidate, cold_problems,
                                              dequantized_matmul, quantized_matmul, random_problem, rotating)
 from locals.engine.kernels.registry import TunedQuantizedLinear, layer_problem, patch_model, tuned_linear
-from locals.engine.kernels.tuning import (MLX_OP, Problem, TuningTable, current_chip, kernels_tag, load_table,
+from locals.engine.kernels.tuning.tuner import (MLX_OP, Problem, TuningTable, current_chip, kernels_tag, load_table,
                                           measure, model_problems, save_table, table_path, tune, tuning_rows)
-from locals.engine.kernels.verify import Case, check, default_cases, passes, verify
+from locals.engine.kernels.tuning.verify import Case, check, default_cases, passes, verify
 
 SMALL_SHAPES = ((33, 128), (7, 192))
 
@@ -288,11 +288,6 @@ def test_row_counts_the_table_lacks_take_the_kernel_of_their_tile(monkeypatch):
     assert sorted(_routes_for(problem, table, by_name)) == list(range(9, 17))
     table.rejected[narrow.name] = "failed verification"
     assert _routes_for(problem, table, by_name) == {}
-    # LOCALS_ONE_ROW_MLX=1 (benchmarks) keeps MLX's vector kernel at one row.
-    del table.rejected[narrow.name]
-    table.choices[problem.key] = choices
-    monkeypatch.setenv("LOCALS_ONE_ROW_MLX", "1")
-    assert 1 not in _routes_for(problem, table, by_name)
 
 
 def test_reroute_gives_swapped_layers_the_row_counts_timed_since():

@@ -8,8 +8,8 @@ import pytest
 
 from locals.engine.kernels import addnorm, decode_attention, fused, headprep, qmm
 from locals.engine.kernels.registry import TunedQuantizedLinear, patch_model
-from locals.engine.kernels.tuning import MLX_OP, TuningTable, current_chip, kernels_tag, model_problems
-from locals.engine.kernels.verify import default_cases, passes, verify
+from locals.engine.kernels.tuning.tuner import MLX_OP, TuningTable, current_chip, kernels_tag, model_problems
+from locals.engine.kernels.tuning.verify import default_cases, passes, verify
 
 pytestmark = pytest.mark.skipif(not (hasattr(mx, "cuda") and mx.cuda.is_available()),
                                 reason="the CUDA kernels run only where MLX has a CUDA device")
@@ -110,7 +110,7 @@ def _two_layer_qwen3(seed: int):
     """A two-layer bf16 4-bit Qwen3 with joined projections, heads of 128."""
     from mlx_lm.models import qwen3
 
-    from locals.engine.fuse import fuse_projections
+    from locals.engine.forward.fuse import fuse_projections
 
     mx.random.seed(seed)
     args = qwen3.ModelArgs(model_type="qwen3", hidden_size=512, num_hidden_layers=2, intermediate_size=1024,
@@ -129,9 +129,9 @@ def _three_rows(model, whole: bool = True) -> list[mx.array]:
     (`whole`), else compiled seams around eager attention; then the decode batch's K/V arrays."""
     from contextlib import nullcontext
 
-    from locals.engine.compiled import seams_only
-    from locals.engine.forward import CompiledBlocks, RowInput, forward
-    from locals.engine.kv import DecodeBatch, RowKV
+    from locals.engine.forward.compiled import seams_only
+    from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
+    from locals.engine.forward.kv import DecodeBatch, RowKV
 
     batch = DecodeBatch(2)
     kv = [RowKV(2, batch) for _ in range(3)]
@@ -163,7 +163,7 @@ def test_model_with_fused_kernels_matches_mlx_ops():
 def test_device_stamps_order_and_time_a_chain():
     # The stamps read the GPU's nanosecond timer after their input: a chain between two of
     # them takes a positive, plausible time, and it grows with the chain's length.
-    from locals.engine.kernels import clock
+    from locals.engine.kernels.tuning import clock
     from locals.engine.kernels.reference import cold_problems, quantized_matmul, rotating
 
     timer = clock.timer(mx.bfloat16)

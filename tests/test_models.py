@@ -6,8 +6,10 @@ import json
 
 import pytest
 
-from locals.engine import catalog, models
-from locals.engine.catalog import GIB
+from locals.engine.load import catalog
+
+from locals.engine.load import models
+from locals.engine.load.catalog import GIB
 from locals.errors import ModelNotFound, UnsupportedModel
 
 
@@ -64,7 +66,7 @@ def test_default_model_per_backend(kind, mem, expected):
 def test_embedded_model_answers_paris(smollm2):
     from mlx_lm import generate
 
-    from locals.engine.templates import encode_prompt, render_prompt
+    from locals.engine.load.templates import encode_prompt, render_prompt
 
     prompt = render_prompt(smollm2, [{"role": "user", "content": "What is the capital of France?"}])
     text = generate(smollm2.model, smollm2.tokenizer, encode_prompt(smollm2, prompt), max_tokens=20)
@@ -84,7 +86,7 @@ def test_template_matches_transformers(smollm2):
     """Our rendering equals transformers' apply_chat_template with the GGUF's template string."""
     from transformers import PreTrainedTokenizerFast
 
-    from locals.engine.templates import render_prompt
+    from locals.engine.load.templates import render_prompt
 
     reference = PreTrainedTokenizerFast(tokenizer_object=smollm2.tokenizer._tokenizer.backend_tokenizer,
                                         chat_template=smollm2.tokenizer.chat_template)
@@ -113,7 +115,7 @@ def test_template_with_tools_matches_transformers(smollm2):
 
     from transformers import PreTrainedTokenizerFast
 
-    from locals.engine.templates import render_prompt
+    from locals.engine.load.templates import render_prompt
 
     hf = PreTrainedTokenizerFast(tokenizer_object=smollm2.tokenizer._tokenizer.backend_tokenizer,
                                  chat_template=TOOL_TEMPLATE)
@@ -133,7 +135,7 @@ def test_template_with_tools_matches_transformers(smollm2):
 
 
 def test_injected_tools_for_templates_without_tools(smollm2):
-    from locals.engine.templates import render_prompt
+    from locals.engine.load.templates import render_prompt
 
     msgs = [{"role": "user", "content": "read a.txt"},
             {"role": "assistant", "content": None, "tool_calls": [

@@ -11,14 +11,14 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from locals.engine import layer_pass as fwd
-from locals.engine.forward import CompiledBlocks, RowInput, forward
-from locals.engine.fuse import fuse_projections
+from locals.engine.forward import layer_pass as fwd
+from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
+from locals.engine.forward.fuse import fuse_projections
 from locals.engine.kernels import normfold
 from locals.engine.kernels.reference import quantized_matmul, random_problem
 from locals.engine.kernels.registry import TunedQuantizedLinear, mlx_ops_only
-from locals.engine.kernels.verify import compare
-from locals.engine.kv import DecodeBatch, RowKV
+from locals.engine.kernels.tuning.verify import compare
+from locals.engine.forward.kv import DecodeBatch, RowKV
 from tests.test_fuse import _qwen3
 from tests.test_fused_kernels import _run
 
@@ -162,15 +162,14 @@ def test_whole_decode_steps_fold_the_final_norm_into_the_last_down_proj(monkeypa
     assert kernel.folded - checks == 2 * len(model.model.layers)
 
 
-def test_patching_folds_o_proj_and_down_proj_unless_switched_off(monkeypatch):
+def test_patching_folds_o_proj_and_down_proj(monkeypatch):
     from locals.engine.kernels import registry
     from locals.engine.kernels.registry import layer_problem, patch_model
-    from locals.engine.kernels.tuning import TuningTable
+    from locals.engine.kernels.tuning.tuner import TuningTable
 
     kernel = OpsNorm("ops-norm-patch")
     monkeypatch.setattr(registry, "_candidates_by_name", lambda: {kernel.name: kernel})
-    for setting, folded in (("", {1, 4}), ("1", {1, 4}), ("0", set())):
-        monkeypatch.setenv("LOCALS_NORM_FOLD", setting)
+    for folded in ({1, 4},):
         model = _bf16_qwen3()
         fuse_projections(model)
         layers = model.model.layers

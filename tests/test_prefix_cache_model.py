@@ -8,7 +8,7 @@ import pytest
 from locals.engine.assemble import create_engine
 from locals.engine.engine import Engine
 from locals.engine.settings import EngineConfig
-from locals.engine.templates import cache_points, render_prompt
+from locals.engine.load.templates import cache_points, render_prompt
 from locals.protocol import GenerationRequest, SamplingParams
 from test_engine import Collector
 

@@ -4,9 +4,9 @@ output stays token-identical to running it alone; a cancelled reader never stran
 from __future__ import annotations
 
 from locals.engine.engine import Engine
-from locals.engine.prefix_cache import MemoryPrefixCache
+from locals.engine.cache.prefix_cache import MemoryPrefixCache
 from locals.engine.settings import EngineConfig
-from locals.engine.shared_prefill import SharedPrefill, common_prefix
+from locals.engine.cache.shared_prefill import SharedPrefill, common_prefix
 from locals.protocol import GenerationRequest, SamplingParams
 from test_engine import Collector, run_alone, wait_for
 

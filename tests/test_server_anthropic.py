@@ -163,7 +163,7 @@ async def test_an_assistant_prefill_is_continued(client, engine):
 
 
 def test_a_prefill_renders_open_on_the_embedded_model(smollm2):
-    from locals.engine.templates import render_prompt
+    from locals.engine.load.templates import render_prompt
 
     messages = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "The capital is"}]
     assert render_prompt(smollm2, messages, continue_final=True).endswith("The capital is")

@@ -10,9 +10,9 @@ import mlx.core as mx
 import pytest
 
 from locals.engine.engine import Engine
-from locals.engine.kv import DecodeBatch, RowKV
-from locals.engine.lookup import DraftPolicy, NgramIndex, Speculation
-from locals.engine.sampling import RowSampling, sample
+from locals.engine.forward.kv import DecodeBatch, RowKV
+from locals.engine.rows.lookup import DraftPolicy, NgramIndex, Speculation
+from locals.engine.rows.sampling import RowSampling, sample
 from locals.engine.settings import EngineConfig
 from locals.protocol import GenerationRequest, SamplingParams
 from tests.test_engine import Collector

@@ -9,11 +9,11 @@ import threading
 import mlx.core as mx
 import numpy as np
 
-from locals.engine.disk_cache import DiskPrefixStore
+from locals.engine.cache.disk_cache import DiskPrefixStore
 from locals.engine.engine import Engine
-from locals.engine.prefix_cache import MemoryPrefixCache
+from locals.engine.cache.prefix_cache import MemoryPrefixCache
 from locals.engine.settings import EngineConfig
-from locals.engine.tiered_cache import TieredPrefixCache
+from locals.engine.cache.tiered_cache import TieredPrefixCache
 from locals.protocol import GenerationRequest, SamplingParams
 from test_engine import Collector
 

@@ -6,11 +6,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama, qwen3
 
-from locals.engine.forward import CompiledBlocks, RowInput, forward
+from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
 from locals.engine.kernels.reference import PaddedCandidate
 from locals.engine.kernels.registry import TunedQuantizedEmbedding, mlx_ops_only, patch_model
-from locals.engine.kernels.tuning import TuningTable, model_problems, problem_of, tied_head
-from locals.engine.kv import RowKV
+from locals.engine.kernels.tuning.tuner import TuningTable, model_problems, problem_of, tied_head
+from locals.engine.forward.kv import RowKV
 
 VOCAB, HIDDEN = 320, 128
 

@@ -24,7 +24,7 @@ def list_cache() -> None:
     """List cached prompt prefixes, one a row: model key, tokens, size, last use."""
     import datetime
 
-    from locals.engine.disk_cache import read_header
+    from locals.engine.cache.disk_cache import read_header
 
     root = prompts_dir()
     table = Table(title=f"Prompt cache ({root})")

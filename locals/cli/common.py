@@ -10,14 +10,14 @@ console_err = Console(stderr=True)
 
 def prepare_model_process() -> None:
     """Commands that run a model call this first: on Linux it may re-exec with OpenBLAS."""
-    from locals.engine.backend import reexec_with_fast_blas
+    from locals.engine.load.backend import reexec_with_fast_blas
 
     reexec_with_fast_blas()
 
 
 def load_with_spinner(model: str | None):
     """Load a model (None: this machine's default) while a spinner runs on stderr."""
-    from locals.engine.models import load_model
+    from locals.engine.load.models import load_model
 
     label = model or "the default model"
     with console_err.status(f"loading {label}…", spinner="dots"):

@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from locals import settings
 from locals import daemon
 from locals.cli.common import console, console_err, prepare_model_process
 from locals.config import DEFAULT_HOST, load_remembered
@@ -38,7 +39,7 @@ def start(
         with console_err.status(phase["text"], spinner="dots") as spinner:
             url = daemon.start(model, port, timeout=timeout, on_wait=on_wait)
     except daemon.AlreadyRunning as exc:
-        from locals.engine.catalog import split_thinking, strip_editor_prefix
+        from locals.engine.load.catalog import split_thinking, strip_editor_prefix
 
         if model and not daemon.same_model(split_thinking(strip_editor_prefix(model))[0], exc.model or ""):
             raise  # a script asked for another model: it must not go on as if it had it
@@ -55,11 +56,11 @@ def serve(
     host: str = typer.Option(DEFAULT_HOST, "--host", help="Address to bind; non-loopback needs --allow-remote."),
     port: int = typer.Option(8321, "--port", "-p", min=1, max=65535, help="Port to listen on."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Accept requests from other machines."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LOCALS_API_KEY",
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar=settings.API_KEY.name,
                                           help="Require this key (Bearer or x-api-key)."),
     max_body_mb: int = typer.Option(32, "--max-body-mb", help="Largest request body accepted."),
     max_tokens: Optional[int] = typer.Option(
-        None, "--max-tokens", envvar="LOCALS_MAX_TOKENS", min=1,
+        None, "--max-tokens", envvar=settings.MAX_TOKENS.name, min=1,
         help="Longest reply any request gets, whatever it asks (clients such as Codex send no limit)."),
     log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:

@@ -189,8 +189,8 @@ class _CollectingWriter:
 
 def models() -> None:
     """List model aliases, what is downloaded in the Hugging Face cache, and what fits here."""
-    from locals.engine.backend import detect
-    from locals.engine.models_list import downloaded_models, fits, loaded_bytes
+    from locals.engine.load.backend import detect
+    from locals.engine.load.models_list import downloaded_models, fits, loaded_bytes
 
     dense = detect().dense_weights
     table = Table(title="Aliases" + (" (this CPU runs weights as float32: what fits counts that)" if dense else ""))
@@ -216,7 +216,7 @@ def models() -> None:
 
 
 def _aliases():
-    from locals.engine.catalog import ALIASES
+    from locals.engine.load.catalog import ALIASES
 
     return ALIASES.values()
 

@@ -1,6 +1,6 @@
 """`locals tune`: verify and time the small-batch kernels on this chip, and show what was chosen.
 
-The work happens in locals.engine.kernels.tuning; this module parses options, picks the
+The work happens in locals.engine.kernels.tuning.tuner; this module parses options, picks the
 problems (a model's quantized layers or explicit shapes) and prints the table.
 """
 
@@ -37,7 +37,7 @@ def _parse_rows(text: str) -> list[int]:
 
 
 def _parse_shape(text: str, bits: int, group_size: int, dtype: str):
-    from locals.engine.kernels.tuning import Problem
+    from locals.engine.kernels.tuning.tuner import Problem
 
     try:
         n, k = (int(v) for v in text.lower().split("x"))
@@ -61,7 +61,7 @@ def _spans(choices: dict[str, str]) -> list[tuple[str, str]]:
 
 def print_table(table) -> None:
     """The choices per problem and row span, with the median speed-up over MLX's op."""
-    from locals.engine.kernels.tuning import MLX_OP
+    from locals.engine.kernels.tuning.tuner import MLX_OP
 
     out = Table(title=f"{table.chip} · MLX {table.mlx}" + ("" if table.complete else " · incomplete"))
     for col in ("layer shape", "rows", "kernel", f"vs MLX ({table.clock} time)"):
@@ -97,9 +97,9 @@ def tune(
     report: bool = typer.Option(False, "--report", help="Only show what is stored for this chip."),
 ) -> None:
     """Verify every candidate kernel on this chip, time it per layer shape and batch size, keep the fastest."""
-    from locals.engine.fuse import fuse_projections
-    from locals.engine.kernels.tuning import current_chip, default_candidates, load_table, model_problems, save_table
-    from locals.engine.kernels.tuning import tune as run_tuning
+    from locals.engine.forward.fuse import fuse_projections
+    from locals.engine.kernels.tuning.tuner import current_chip, default_candidates, load_table, model_problems, save_table
+    from locals.engine.kernels.tuning.tuner import tune as run_tuning
 
     if report:
         _report()
@@ -138,7 +138,7 @@ def tune(
 
 def _report() -> None:
     """Print this chip's stored table, or say how to make one."""
-    from locals.engine.kernels.tuning import current_chip, load_table
+    from locals.engine.kernels.tuning.tuner import current_chip, load_table
 
     table = load_table()
     if table is None:

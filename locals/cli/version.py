@@ -11,7 +11,7 @@ def print_version() -> None:
     from locals.cli.common import prepare_model_process
 
     prepare_model_process()
-    from locals.engine.backend import detect, find_openblas, mlx_version
+    from locals.engine.load.backend import detect, find_openblas, mlx_version
 
     b = detect()
     console.print(f"locals {__version__}")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "load_model": "locals.engine.models",
-    "LoadedModel": "locals.engine.models",
-    "render_prompt": "locals.engine.templates",
-    "encode_prompt": "locals.engine.templates",
-    "cache_points": "locals.engine.templates",
-    "tool_parser": "locals.engine.models",
+    "load_model": "locals.engine.load.models",
+    "LoadedModel": "locals.engine.load.models",
+    "render_prompt": "locals.engine.load.templates",
+    "encode_prompt": "locals.engine.load.templates",
+    "cache_points": "locals.engine.load.templates",
+    "tool_parser": "locals.engine.load.models",
     "Engine": "locals.engine.engine",
     "create_engine": "locals.engine.assemble",
     "EngineConfig": "locals.engine.settings",

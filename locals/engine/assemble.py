@@ -8,15 +8,15 @@ Tests build bare `Engine`s; everything users run goes through `create_engine`.
 from __future__ import annotations
 
 import logging
-import os
 
+from locals import settings
 from locals.config import cache_dir
-from locals.engine.disk_cache import DiskPrefixStore, model_key
+from locals.engine.cache.disk_cache import DiskPrefixStore, model_key
 from locals.engine.engine import Engine
-from locals.engine.prefix_cache import MemoryPrefixCache
-from locals.engine.repetition import RepetitionSettings, repetition_guard_factory
+from locals.engine.cache.prefix_cache import MemoryPrefixCache
+from locals.engine.rows.repetition import RepetitionSettings, repetition_guard_factory
 from locals.engine.settings import EngineConfig
-from locals.engine.tiered_cache import TieredPrefixCache
+from locals.engine.cache.tiered_cache import TieredPrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
                   repetition: RepetitionSettings = RepetitionSettings(),
                   disk_cache_bytes: int = DISK_CACHE_BYTES) -> Engine:
     """The engine with every agent feature on (not started)."""
-    config = config or config_from_env()
+    config = config or config_from_settings()
     memory = MemoryPrefixCache(config.prefix_cache_bytes)
     cache = memory
     if disk_cache and config.prefix_cache_bytes > 0:
@@ -39,32 +39,22 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
     return engine
 
 
-def config_from_env() -> EngineConfig:
-    """EngineConfig with the LOCALS_* engine settings of the environment applied (for `serve`, `start`):
-    KV_BUDGET_MB, PREFIX_CACHE_MB, MAX_BATCH, SPECULATE, KERNELS."""
-    config = EngineConfig()
-    if os.environ.get("LOCALS_KV_BUDGET_MB"):
-        config.kv_budget_bytes = int(float(os.environ["LOCALS_KV_BUDGET_MB"]) * 2**20)
-    if os.environ.get("LOCALS_PREFIX_CACHE_MB"):
-        config.prefix_cache_bytes = int(float(os.environ["LOCALS_PREFIX_CACHE_MB"]) * 2**20)
-    if os.environ.get("LOCALS_MAX_BATCH"):
-        config.max_batch = int(os.environ["LOCALS_MAX_BATCH"])
-    if _off(os.environ.get("LOCALS_SPECULATE", "")):
-        config.speculate = False
-    if _off(os.environ.get("LOCALS_KERNELS", "")):
-        config.tuned_kernels = False
+def config_from_settings() -> EngineConfig:
+    """EngineConfig with the engine's LOCALS_* settings applied (locals/settings.py), for `serve` and `start`."""
+    config = EngineConfig(max_batch=settings.MAX_BATCH.get(), speculate=settings.SPECULATE.get(),
+                          tuned_kernels=settings.KERNELS.get())
+    if settings.KV_BUDGET_MB.get() is not None:
+        config.kv_budget_bytes = int(settings.KV_BUDGET_MB.get() * 2**20)
+    if settings.PREFIX_CACHE_MB.get() is not None:
+        config.prefix_cache_bytes = int(settings.PREFIX_CACHE_MB.get() * 2**20)
     return config
-
-
-def _off(value: str) -> bool:
-    return value.strip().lower() in ("0", "false", "off", "no")
 
 
 def _background_tuning(loaded, engine):
     """Kernel tuning as the engine's idle work on an untuned GPU (None on a CPU or when tuned);
     the layers it swaps count in the engine's `tuned_layers`."""
     try:
-        from locals.engine.kernels.background import background_tuning
+        from locals.engine.kernels.tuning.background import background_tuning
 
         work = background_tuning(loaded)
         if work is not None:

@@ -19,18 +19,18 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import mlx.core as mx
 
-from locals.engine.backend import release_memory
+from locals.engine.load.backend import release_memory
 from locals.engine.admission import ADMIT, WAIT, Admission, KVBudgetAdmission
-from locals.engine.guards import GuardFactory, make_guards
-from locals.engine.forward import CompiledBlocks, supports_ragged
-from locals.engine.fuse import fuse_projections
-from locals.engine.kv import DecodeBatch, RowKV, kv_bytes_per_token
-from locals.engine.lookup import DraftPolicy
-from locals.engine.prefix_cache import MemoryPrefixCache, NoPrefixCache, PrefixCache
+from locals.engine.rows.guards import GuardFactory, make_guards
+from locals.engine.forward.forward import CompiledBlocks, supports_ragged
+from locals.engine.forward.fuse import fuse_projections
+from locals.engine.forward.kv import DecodeBatch, RowKV, kv_bytes_per_token
+from locals.engine.rows.lookup import DraftPolicy
+from locals.engine.cache.prefix_cache import MemoryPrefixCache, NoPrefixCache, PrefixCache
 from locals.engine.scheduler import Scheduler
-from locals.engine.sequence import Sequence
+from locals.engine.rows.sequence import Sequence
 from locals.engine.settings import EngineConfig
-from locals.engine.shared_prefill import SharedPrefill
+from locals.engine.cache.shared_prefill import SharedPrefill
 from locals.engine.stats import Counters
 from locals.engine.step import Launched, StepRunner
 from locals.protocol import EngineStats, Event, FinishEvent, GenerationRequest, Usage

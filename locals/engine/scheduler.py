@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from locals.engine.sequence import Sequence
+from locals.engine.rows.sequence import Sequence
 
 
 @dataclass

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from locals.engine.forward import CompiledBlocks, RowInput, forward, supports_ragged
-from locals.engine.rowfeed import RowOf, as_array
-from locals.engine.sampling import RowSampling, Sampled, sample
+from locals.engine.forward.forward import CompiledBlocks, RowInput, forward, supports_ragged
+from locals.engine.forward.rowfeed import RowOf, as_array
+from locals.engine.rows.sampling import RowSampling, Sampled, sample
 from locals.engine.scheduler import Slot
-from locals.engine.sequence import Sequence
+from locals.engine.rows.sequence import Sequence
 from locals.protocol import TokenLogprob
 
 

@@ -22,6 +22,7 @@ from importlib.metadata import version
 
 import outlines_core
 
+from locals import settings
 from locals.config import constraint_dir
 from locals.engine.constrain.index import CompiledIndex
 from locals.engine.constrain.vocab import TokenVocab
@@ -29,7 +30,7 @@ from locals.errors import RequestError
 
 log = logging.getLogger(__name__)
 
-COMPILE_TIMEOUT_S = float(os.environ.get("LOCALS_CONSTRAINT_TIMEOUT", "20"))
+COMPILE_TIMEOUT_S = settings.CONSTRAINT_TIMEOUT.get()
 MEMORY_ENTRIES = 128
 # Automata on disk take 5-30 MB each with a 49k-token vocabulary: the least recently used
 # go once the folder passes this (`locals cache clear` empties it).

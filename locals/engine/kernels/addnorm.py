@@ -23,7 +23,7 @@ import mlx.nn as nn
 import numpy as np
 
 from locals.engine.kernels.resident import float_constant
-from locals.engine.kernels.verify import matches
+from locals.engine.kernels.tuning.verify import matches
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from locals.engine.kernels.resident import float_constant
 from locals.engine.kernels.switch import Switch
-from locals.engine.kernels.verify import matches
+from locals.engine.kernels.tuning.verify import matches
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from locals.engine.kernels.reference import dequantized_matmul, random_problem, random_rows
-from locals.engine.kernels.verify import matches, passing_rows
+from locals.engine.kernels.tuning.verify import matches, passing_rows
 
 _VERDICTS: dict[tuple, str] = {}  # (form, kernel name, rows, n, k, bits, group, dtype) -> "" or why not
 

@@ -18,7 +18,7 @@ import mlx.core as mx
 
 from locals.engine.kernels.reference import dequantized_matmul, random_problem, random_rows
 from locals.engine.kernels.resident import device_array, float_constant
-from locals.engine.kernels.verify import matches, passing_rows
+from locals.engine.kernels.tuning.verify import matches, passing_rows
 
 DTYPES = (mx.float16, mx.bfloat16)
 _VERDICTS: dict[tuple, str] = {}  # (kernel name, rows, n, k, bits, group, dtype, eps) -> "" or why not

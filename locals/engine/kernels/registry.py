@@ -9,7 +9,6 @@ Without a table nothing changes.
 from __future__ import annotations
 
 import math
-import os
 from contextlib import AbstractContextManager
 
 import mlx.core as mx
@@ -19,7 +18,7 @@ from mlx.utils import tree_unflatten
 from locals.engine.kernels import glu, normfold
 from locals.engine.kernels.resident import float_constant
 from locals.engine.kernels.switch import Switch
-from locals.engine.kernels.tuning import (MLX_OP, Problem, TuningTable, current_chip, default_candidates, fill_rows,
+from locals.engine.kernels.tuning.tuner import (MLX_OP, Problem, TuningTable, current_chip, default_candidates, fill_rows,
                                          load_table, problem_of, tied_head)
 
 
@@ -266,8 +265,7 @@ def patch_model(model: nn.Module, table: TuningTable | None = None) -> int:
         _fold_activation(path, tuned)
     if swaps:
         model.update_modules(tree_unflatten(swaps))
-        if _switch("LOCALS_NORM_FOLD", default=True):
-            fold_norms(model)
+        fold_norms(model)
         modules_swapped()
     return len(swaps)
 
@@ -291,8 +289,7 @@ def reroute(model: nn.Module, table: TuningTable) -> int:
             _fold_activation(path, layer)
         changed += 1
     if changed:
-        if _switch("LOCALS_NORM_FOLD", default=True):
-            fold_norms(model)
+        fold_norms(model)
         modules_swapped()
     return changed
 
@@ -302,13 +299,9 @@ def _names(routes: dict[int, object]) -> dict[int, str]:
 
 
 def _fold_activation(path: str, tuned: TunedQuantizedLinear) -> None:
-    """SwiGLU into a joined gate/up kernel (default) or, opt-in, into a down projection's."""
-    if path.endswith("mlp.fused_gate_up") and _switch("LOCALS_GATED_FOLD", default=True):
-        tuned.fold_gated()  # writes silu(gate) * up (forward.py's _finish)
-    # Opt-in: on the H200 it verified, but decoded B = 8 slower than the unfolded layers in three
-    # of four pairs of processes (median 1525 vs 1677 tok/s, process_spread-gpu-20261201-014127.json).
-    elif path.endswith("mlp.down_proj") and _switch("LOCALS_GLU_FOLD", default=False):
-        tuned.fold_glu()  # takes the joined gate/up output as it is (forward.py)
+    """SwiGLU into a joined gate/up kernel: it writes silu(gate) * up (layer_pass's `finish`)."""
+    if path.endswith("mlp.fused_gate_up"):
+        tuned.fold_gated()
 
 
 # The linears whose output a llama/qwen-family layer adds to the residual stream and normalizes.
@@ -340,7 +333,3 @@ def folded_counts(model: nn.Module) -> dict[str, int]:
         activations += isinstance(gate_up, TunedQuantizedLinear) and bool(gate_up._routes.gated_rows)
     return {"norms": norms, "activations": activations}
 
-
-def _switch(name: str, default: bool) -> bool:
-    value = os.environ.get(name, "").strip().lower()
-    return default if not value else value in ("1", "true", "on", "yes")

@@ -7,12 +7,11 @@ model's head. Attention itself lives with its callers (forward.py, compiled.py).
 
 from __future__ import annotations
 
-import os
 
 import mlx.core as mx
 from mlx_lm.models.activations import swiglu
 
-from locals.engine.fuse import split_sizes
+from locals.engine.forward.fuse import split_sizes
 from locals.engine.kernels.fused import active as fused_active
 from locals.engine.kernels.registry import bypassed
 
@@ -26,8 +25,7 @@ def _default_joined_limits() -> dict[str, int]:
     joined_matmuls-gpu-20261130-181439.json): B = 8 1600 tok/s joined vs 1234 joined up to
     4 tokens vs 1200 parts; B = 16 2818 vs 2115 vs 2245. Without it see
     `UNFUSED_QKV_MAX_TOKENS`."""
-    limit = int(os.environ.get("LOCALS_JOINED_MAX_TOKENS", 1 << 30))  # for benchmarks
-    return {"fused_qkv": limit, "fused_gate_up": limit}
+    return {"fused_qkv": 1 << 30, "fused_gate_up": 1 << 30}
 
 
 def _unfused_qkv_limit() -> int:

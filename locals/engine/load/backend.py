@@ -15,11 +15,13 @@ from pathlib import Path
 
 import psutil
 
+from locals import settings
+
 OPENBLAS_CANDIDATES = [
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3",
     "/usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3",
 ]
-_REEXEC_FLAG = "LOCALS_BLAS_REEXEC"
+_REEXEC_FLAG = settings.BLAS_REEXEC.name
 
 
 @dataclass
@@ -46,7 +48,7 @@ def blas_in_use() -> str:
     """'openblas' when OpenBLAS is preloaded into this process, else MLX's bundled one."""
     if sys.platform == "darwin":
         return "accelerate"
-    preload = os.environ.get("LD_PRELOAD", "")
+    preload = settings.foreign("LD_PRELOAD", "")
     return "openblas" if "openblas" in preload else "reference (bundled)"
 
 
@@ -83,11 +85,12 @@ def keep_compiled_kernels() -> None:
     A user's own MLX_PTX_CACHE_DIR wins. MLX reads it at its first kernel compile: call
     this before.
     """
-    if "MLX_PTX_CACHE_DIR" in os.environ:
+    if settings.foreign("MLX_PTX_CACHE_DIR"):
         return
     from locals.config import cache_dir
 
     try:
+        # MLX reads it from this process's environment.
         os.environ["MLX_PTX_CACHE_DIR"] = str(cache_dir() / "cuda-kernels" / mlx_version())
     except OSError:  # no writable cache folder: MLX's default is as good as nothing
         pass
@@ -95,9 +98,9 @@ def keep_compiled_kernels() -> None:
 
 def needs_fast_blas_reexec() -> bool:
     """True on Linux when OpenBLAS is installed, not yet preloaded, and re-exec is allowed."""
-    if sys.platform != "linux" or os.environ.get(_REEXEC_FLAG) or os.environ.get("LOCALS_NO_OPENBLAS"):
+    if sys.platform != "linux" or settings.BLAS_REEXEC.get() or settings.NO_OPENBLAS.get():
         return False
-    return find_openblas() is not None and "openblas" not in os.environ.get("LD_PRELOAD", "")
+    return find_openblas() is not None and "openblas" not in settings.foreign("LD_PRELOAD", "")
 
 
 def reexec_with_fast_blas(argv: list[str] | None = None) -> None:

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from locals.engine.batch_plan import BatchPlan
-from locals.engine.compiled import COMPILE_MAX_TOKENS, CompiledBlocks, step_attention, whole_steps_on
+from locals.engine.forward.batch_plan import BatchPlan
+from locals.engine.forward.compiled import COMPILE_MAX_TOKENS, CompiledBlocks, step_attention, whole_steps_on
 from locals.engine.kernels.decode_attention import active_for as attention_kernel
 from locals.engine.kernels.fused import active as fused_active
 from locals.engine.kernels.registry import bypassed
-from locals.engine.kv import RowKV
-from locals.engine.layer_pass import finish, lm_head, project
-from locals.engine.rowfeed import RowOf, join_rows
+from locals.engine.forward.kv import RowKV
+from locals.engine.forward.layer_pass import finish, lm_head, project
+from locals.engine.forward.rowfeed import RowOf, join_rows
 
 RAGGED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 

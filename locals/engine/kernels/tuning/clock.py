@@ -13,10 +13,11 @@ returns None and callers keep the host clock.
 from __future__ import annotations
 
 import hashlib
-import os
 from typing import Callable
 
 import mlx.core as mx
+
+from locals import settings
 
 CUDA_STAMP_SOURCE = r"""
   if (threadIdx.x == 0 && blockIdx.x == 0) {
@@ -60,7 +61,7 @@ def nanoseconds(words: mx.array) -> int:
 
 def calls_per_graph() -> int:
     """How many timed calls fit in one CUDA graph with the two stamps."""
-    limit = int(os.environ.get("MLX_MAX_OPS_PER_BUFFER", MLX_NODES_PER_GRAPH))
+    limit = int(settings.foreign("MLX_MAX_OPS_PER_BUFFER", str(MLX_NODES_PER_GRAPH)))
     return max(1, (limit - 2) // NODES_PER_CALL)
 
 
@@ -78,7 +79,7 @@ def device_sample(fn: Callable[..., mx.array], calls: int, dtype=mx.float32) -> 
 def timer(dtype) -> Callable[[Callable[..., mx.array], int], float] | None:
     """A device timer `(fn, calls) -> seconds per call` on CUDA when the stamp kernel runs and
     moves forward; None elsewhere (callers time with the host clock)."""
-    from locals.engine.backend import detect
+    from locals.engine.load.backend import detect
 
     if detect().kind != "cuda":
         return None

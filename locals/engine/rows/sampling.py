@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from locals.engine.rowfeed import RowOf, join_rows
+from locals.engine.forward.rowfeed import RowOf, join_rows
 
 _split = mx.vmap(lambda key: mx.random.split(key))
 # Temperatures at or below this draw greedily: they are greedy in effect, and 1e-45 (a denormal,

@@ -14,8 +14,8 @@ import bisect
 
 import numpy as np
 
-from locals.engine.prefix_cache import NoPrefixCache
-from locals.engine.sequence import Sequence
+from locals.engine.cache.prefix_cache import NoPrefixCache
+from locals.engine.rows.sequence import Sequence
 from locals.protocol import GenerationRequest
 
 # Holding a request back is worth it only when it saves at least this many prompt tokens.

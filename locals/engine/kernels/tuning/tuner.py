@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import statistics
 import time
@@ -22,10 +21,11 @@ from typing import Callable
 import mlx.core as mx
 
 from locals.config import cache_dir
-from locals.engine.kernels import clock, qmm
+from locals.engine.kernels import qmm
+from locals.engine.kernels.tuning import clock
 from locals.engine.kernels.reference import (DequantizedCandidate, PaddedCandidate, cold_problems, quantized_matmul,
                                              random_rows, rotating)
-from locals.engine.kernels.verify import DEFAULT_ROWS, DEFAULT_SHAPES, Case, check, default_cases, passes, verify
+from locals.engine.kernels.tuning.verify import DEFAULT_ROWS, DEFAULT_SHAPES, Case, check, default_cases, passes, verify
 
 MLX_OP = "mlx"  # the choice that means "keep MLX's own quantized_matmul"
 MARGIN = 0.03
@@ -96,16 +96,14 @@ def fill_rows(backend: str) -> list[int]:
     primitives, against 229 at eight rows on the folded kernel (H200,
     step_ops-gpu-20261202-184204.json), and a one-stream step is host-bound: 277 and 312 tok/s
     against 272 and 270 on MLX's, two processes each (process_spread-gpu-20261202-184921.json).
-    LOCALS_ONE_ROW_MLX=1 keeps MLX's (for benchmarks)."""
+    """
     rows = tuning_rows(backend)
-    if backend == "cuda" and os.environ.get("LOCALS_ONE_ROW_MLX", "0") != "1":
-        rows = [1, *rows]
-    return rows
+    return [1, *rows] if backend == "cuda" else rows
 
 
 def current_chip() -> tuple[str, str]:
     """(backend kind, a stable name of this chip) as MLX reports them."""
-    from locals.engine.backend import detect
+    from locals.engine.load.backend import detect
 
     backend = detect()
     return backend.kind, f"{backend.kind}:{backend.device_name}"

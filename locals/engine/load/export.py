@@ -3,7 +3,7 @@
 mlx-lm cannot read the GGUF, so benchmarks that run `mlx_lm.server` or BatchGenerator on
 "the same weights" export them once: quantized as in the file (MLX affine, group 32,
 bits per tensor) or dequantized to float32 with `--dense`.
-    python -m locals.engine.export smollm2 /tmp/smollm2-mlx [--dense]
+    python -m locals.engine.load.export smollm2 /tmp/smollm2-mlx [--dense]
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from locals.engine import gguf
-from locals.engine.models import resolve
-from locals.engine.tokenizer import build_tokenizer
+from locals.engine.load import gguf
+from locals.engine.load.models import resolve
+from locals.engine.load.tokenizer import build_tokenizer
 
 
 def export_mlx(name: str, out: Path, dense: bool = False) -> Path:

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from locals.engine.kv import LayerKV
+from locals.engine.forward.kv import LayerKV
 
 
 class PrefixCache(Protocol):

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 
 from locals.engine.kernels.registry import patch_model, reroute
-from locals.engine.kernels.tuning import (current_chip, default_candidates, load_table, model_problems, new_table,
+from locals.engine.kernels.tuning.tuner import (current_chip, default_candidates, load_table, model_problems, new_table,
                                           save_table, screen, tune, tuning_rows)
 
 log = logging.getLogger(__name__)

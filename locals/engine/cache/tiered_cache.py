@@ -12,9 +12,9 @@ no request waits on a disk write; `flush` at shutdown waits for what is left.
 
 from __future__ import annotations
 
-from locals.engine.disk_cache import DiskPrefixStore
-from locals.engine.kv import LayerKV
-from locals.engine.prefix_cache import MemoryPrefixCache
+from locals.engine.cache.disk_cache import DiskPrefixStore
+from locals.engine.forward.kv import LayerKV
+from locals.engine.cache.prefix_cache import MemoryPrefixCache
 
 # Host copy per engine-loop turn while requests run. Into host pages already touched (by
 # HostCopy.prepare, off this thread), one slice of a 4B model's bf16 KV (8k tokens, 1.2 GB)

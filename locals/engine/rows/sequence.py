@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from locals.engine.guards import Guard
-from locals.engine.kv import RowKV
-from locals.engine.lookup import DraftPolicy, Speculation
-from locals.engine.rowfeed import RowOf
-from locals.engine.stops import StopText
-from locals.engine.tokenizer import continuation_detokenizer
+from locals.engine.rows.guards import Guard
+from locals.engine.forward.kv import RowKV
+from locals.engine.rows.lookup import DraftPolicy, Speculation
+from locals.engine.forward.rowfeed import RowOf
+from locals.engine.rows.stops import StopText
+from locals.engine.load.tokenizer import continuation_detokenizer
 from locals.protocol import Event, FinishEvent, GenerationRequest, TokenEvent, TokenLogprob, Usage
 
 

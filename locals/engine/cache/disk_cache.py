@@ -28,7 +28,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from locals.engine.kv import LayerKV
+from locals.engine.forward.kv import LayerKV
 
 log = logging.getLogger(__name__)
 MAGIC = b"LOCALS-KV-2\n"  # 2: chunked digest (files of version 1 fail the check and go)

@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 
 import mlx.core as mx
 
-from locals.engine import layer_pass
+from locals.engine.forward import layer_pass
 from locals.engine.kernels.decode_attention import active_for as attention_kernel
 from locals.engine.kernels.decode_attention import kernels_on as attention_kernels_on
 from locals.engine.kernels.decode_attention import reference as attention_reference
@@ -25,7 +25,7 @@ from locals.engine.kernels.fused import active as fused_active
 from locals.engine.kernels.headprep import cache_writes_on
 from locals.engine.kernels.registry import bypassed, gated_active, swap_count
 from locals.engine.kernels.switch import Switch
-from locals.engine.layer_pass import finish, lm_head, project
+from locals.engine.forward.layer_pass import finish, lm_head, project
 
 # Passes of at most this many tokens (decode steps, short forced or draft chunks) run as
 # compiled graphs: a decode step of a 4B model on an H200 is host-bound at B = 8 (a native

