@@ -28,6 +28,16 @@ class PlanReady:
 
 
 @dataclass
+class AgentStarted:
+    """An agent was given its worktree (a folder name under the run's area) and its session id."""
+
+    part: int
+    agent: int
+    worktree: str
+    session: str
+
+
+@dataclass
 class AgentStep:
     """An agent did something: `action` is a one-line description of its last tool call."""
 
@@ -54,11 +64,22 @@ class PartDone:
     winner: int | None = None
     files: list[str] = field(default_factory=list)
     detail: str = ""
+    patch: str = ""  # the winner's diff, when one was applied (or kept after a conflict)
 
 
-Event = PlanReady | AgentStep | CheckDone | PartDone
+Event = PlanReady | AgentStarted | AgentStep | CheckDone | PartDone
 EventSink = Callable[[Event], None]
 
 
 def ignore(_event: Event) -> None:
     """An EventSink that shows nothing."""
+
+
+def fan_out(*sinks: EventSink) -> EventSink:
+    """One EventSink that hands each event to every one of `sinks`, in order."""
+
+    def each(event: Event) -> None:
+        for sink in sinks:
+            sink(event)
+
+    return each

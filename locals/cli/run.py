@@ -112,20 +112,25 @@ def _start_daemon(model: str | None, port: int | None) -> str:
 
 async def _main(options, base_url: str, model: str | None, json_out: bool):
     from agents.display import LiveDisplay, print_summary
-    from agents.events import ignore
+    from agents.events import fan_out
+    from agents.report import TeamReporter
     from agents.runner import run_team
     from locals.client import ChatClient
 
     # SIGTERM cleans up like Ctrl-C: cancelling the main task runs the runner's finally blocks.
     main_task = asyncio.current_task()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
-    async with ChatClient(base_url, model=model, timeout_s=options.timeout_s) as client:
+    # The server's dashboard shows the team while it works (a server without one is left alone).
+    async with ChatClient(base_url, model=model, timeout_s=options.timeout_s) as client, \
+            TeamReporter(base_url, options) as reporter:
         if json_out:
-            report = await run_team(options, client, ignore)
+            report = await run_team(options, client, reporter)
+            reporter.finish(report)
             print(json.dumps(report.to_dict(), indent=2))
             return report
         with LiveDisplay(console_err, options.max_steps) as display:
-            report = await run_team(options, client, display)
+            report = await run_team(options, client, fan_out(display, reporter))
+        reporter.finish(report)
     print_summary(console, console_err, report)
     return report
 

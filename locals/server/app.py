@@ -11,7 +11,8 @@ import logging
 from aiohttp import web
 
 from locals.errors import RequestError
-from locals.server import anthropic, dashboard, metrics, ollama, openai, responses, status
+from locals.server import (anthropic, dashboard, history, metrics, ollama, openai, responses, status,
+                           team)
 from locals.server.wire import api_of, error_response
 from locals.server.security import cors_headers, local_only
 from locals.server.state import STATE, STREAM_OPEN, NotReady, ServerState
@@ -61,7 +62,7 @@ def create_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[json_errors, local_only],
                           client_max_size=state.max_body_mb * (1 << 20))
     app[STATE] = state
-    for module in (openai, responses, anthropic, ollama, status, metrics, dashboard):
+    for module in (openai, responses, anthropic, ollama, status, metrics, history, team, dashboard):
         module.register(app)
     app.on_response_prepare.append(cors_headers)
     return app

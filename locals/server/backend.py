@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -18,7 +19,8 @@ from locals import toolloop
 from locals.errors import RequestError, TooLarge
 from locals.protocol import (EngineStats, FinishEvent, GenerationRequest, SamplingParams,
                              TokenLogprob, Usage)
-from locals.server.activity import Activity
+from locals.server.activity import STEERED, Activity, RequestRecord
+from locals.server.callers import Caller, conversation_key, title_of
 from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class Chat:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompt_tokens: int = 0  # set once prepared (Anthropic's message_start reports it)
     continue_final: bool = False  # the last message is the assistant's start (a prefill): continue it
+    caller: Caller = field(default_factory=Caller)  # who sent it, for the conversations view
 
     @property
     def parses_tools(self) -> bool:
@@ -178,21 +181,26 @@ class Backend:
     async def run(self, chat: Chat, announce: bool = False) -> AsyncIterator[Output]:
         """Stream a chat's outputs; closing the iterator early cancels it in the engine.
         With `announce`, ACCEPTED comes first once the request is valid (bad input raised before)."""
+        steered = False
         if chat.messages and chat.tools:
             state, loop = toolloop.check(chat.messages)
             if state == "stop":
                 log.warning("tool-call loop stopped: %s", loop.stop_message())
+                self.activity.end(self._record(chat, f"toolloop-{uuid.uuid4().hex[:12]}", 0), "tool_loop", 0, 0)
                 yield Text(loop.stop_message())
                 yield Done("tool_loop", Usage())
                 return
             if state == "steer":
                 log.info("tool-call loop: steering away from %s", loop.name)
+                steered = True
                 chat.messages = _with_note(chat.messages, loop.steering_note())
         # Rendering, tokenizing and compiling a constraint take from ms to seconds: off the loop.
         request = await asyncio.to_thread(self.prepare, chat)
         chat.prompt_tokens = len(request.prompt_tokens)
         splitter = ToolCallSplitter(self.tool_format if chat.parses_tools else None, chat.tools)
-        record = self.activity.begin(request.id, chat.api, len(request.prompt_tokens))
+        record = self._record(chat, request.id, len(request.prompt_tokens))
+        if steered:
+            record.guards.append(STEERED)
         finish, usage = "cancelled", Usage(prompt_tokens=len(request.prompt_tokens))
         submitted, first_at = time.perf_counter(), None
         try:
@@ -229,6 +237,13 @@ class Backend:
             if finish == "cancelled":  # the access log has no line for a request whose client left
                 log.info("%s request %s cancelled: the client left after %d tokens", chat.api,
                          request.id, usage.completion_tokens)
+
+    def _record(self, chat: Chat, request_id: str, prompt_tokens: int) -> RequestRecord:
+        """The request's entry in the activity, under its caller's conversation."""
+        return self.activity.begin(
+            request_id, chat.api, prompt_tokens, client=chat.caller.client, session=chat.caller.session,
+            conversation=conversation_key(chat.caller, chat.messages, chat.prompt),
+            title=title_of(chat.messages, chat.prompt))
 
     async def complete(self, chat: Chat) -> Completion:
         """Run a chat to the end and gather its reply."""

@@ -16,6 +16,7 @@ from locals.server.wire import get, read_json, stop_list
 from locals.server.messages import (DEFAULT_MAX_TOKENS, openai_messages, openai_tool_choice,
                                     openai_tools, schema_of_response_format,
                                     strict_response_format)
+from locals.server.callers import caller_of
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -78,7 +79,7 @@ def _model_name(body: dict, backend: Backend) -> str:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     backend = backend_of(request)
     body = await read_json(request)
-    chat = Chat(api="openai", messages=openai_messages(body.get("messages")),
+    chat = Chat(api="openai", caller=caller_of(request, body), messages=openai_messages(body.get("messages")),
                 tools=openai_tools(body.get("tools")),
                 tool_choice=openai_tool_choice(body.get("tool_choice")),
                 json_schema=schema_of_response_format(body.get("response_format")),
@@ -152,7 +153,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if not isinstance(prompt, str):
         raise RequestError("`prompt` must be a string (one prompt per request)")
     sampling = sampling_of(body, legacy_logprobs=True)
-    chat = Chat(api="openai", prompt=prompt, sampling=sampling)
+    chat = Chat(api="openai", caller=caller_of(request, body), prompt=prompt, sampling=sampling)
     meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
             "model": _model_name(body, backend), "object": "text_completion"}
     if get(body, "stream", bool, False):

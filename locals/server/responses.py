@@ -19,6 +19,7 @@ from locals.server.wire import get, read_json
 from locals.server.messages import (assistant_call, openai_tool_choice, openai_tools,
                                     schema_of_response_format, strict_response_format, text_of)
 from locals.server.openai import sampling_of
+from locals.server.callers import caller_of
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -102,7 +103,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     backend = backend_of(request)
     body = await read_json(request)
     text_opts = get(body, "text", dict, {})
-    chat = Chat(api="responses", messages=input_messages(body), tools=openai_tools(body.get("tools")),
+    chat = Chat(api="responses", caller=caller_of(request, body), messages=input_messages(body),
+                tools=openai_tools(body.get("tools")),
                 tool_choice=openai_tool_choice(body.get("tool_choice")),
                 json_schema=schema_of_response_format(text_opts.get("format")),
                 strict_schema=strict_response_format(text_opts.get("format")),

@@ -22,11 +22,14 @@ from locals.server.security import is_loopback
 from locals.server.state import ServerState
 
 log = logging.getLogger("locals.server")
-POLLED_PATHS = {"/health", "/v1/locals/status", "/metrics"}
+# Polled by probes, `locals status` and the dashboard, or reported at every step of a team run.
+POLLED_PATHS = {"/health", "/v1/locals/status", "/metrics", "/v1/locals/history", "/v1/locals/conversations",
+                "/v1/locals/team"}
 
 
 class QuietAccessLogger(AccessLogger):
-    """The access log without the polling of /health, the dashboard and `locals status`."""
+    """The access log without the polling of /health, the dashboard and `locals status`, nor
+    a team runner's progress reports."""
 
     def log(self, request, response, time):
         if request.path not in POLLED_PATHS:

@@ -14,8 +14,11 @@ from locals.server.wire import api_of, error_response
 from locals.server.state import STATE
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
-# Read-only monitoring needs no key (probes, the dashboard, `locals status`); generation does.
-OPEN_PATHS = {"/health", "/", "/dashboard", "/v1/locals/status", "/metrics"}
+# Read-only monitoring needs no key (probes, the dashboard, `locals status`); generation does,
+# and so does every other method on these paths (a team's progress report).
+OPEN_PATHS = {"/health", "/", "/dashboard", "/v1/locals/status", "/metrics", "/v1/locals/history",
+              "/v1/locals/conversations", "/v1/locals/team", "/static/dashboard.js", "/static/charts.js",
+              "/static/dashboard.css"}
 
 
 def is_loopback(host: str) -> bool:
@@ -66,7 +69,8 @@ async def local_only(request: web.Request, handler):
     if origin is not None and not origin_allowed(origin):
         return error_response(api, 403, f"requests from the web page {origin} are refused; "
                               "only pages on this machine may call the local server")
-    if state.api_key and request.path not in OPEN_PATHS and request.method != "OPTIONS":
+    monitoring = request.path in OPEN_PATHS and request.method in ("GET", "HEAD")
+    if state.api_key and not monitoring and request.method != "OPTIONS":
         key = _key_of(request) or ""
         if not hmac.compare_digest(key.encode(), state.api_key.encode()):
             return error_response(api, 401, "missing or wrong API key; send it as "

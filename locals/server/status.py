@@ -1,5 +1,6 @@
-"""The server's figures as JSON: `GET /health` (liveness + model) and `GET /v1/locals/status`
-(everything the dashboard and `locals status` show).
+"""The server's figures as JSON: `GET /health` (liveness + model), `GET /v1/locals/status`
+(everything the dashboard and `locals status` show) and `GET /v1/locals/conversations`
+(totals per client conversation, see callers.py).
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response(snapshot(state_of(request)))
 
 
+async def conversations(request: web.Request) -> web.Response:
+    backend = state_of(request).backend
+    rows = backend.activity.conversations.rows() if backend else []
+    return web.json_response({"now": time.time(), "conversations": rows})
+
+
 def register(app: web.Application) -> None:
     app.router.add_get("/health", health)
     app.router.add_get("/v1/locals/status", status)
+    app.router.add_get("/v1/locals/conversations", conversations)
