@@ -41,14 +41,30 @@ else
   ln -sf "$venv/bin/locals" "$bindir/locals"
 fi
 
-if [ "$(uname -s)" = "Linux" ] && [ ! -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] \
-   && [ ! -e /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3 ]; then
+# Debian packages locals uses on Linux: OpenBLAS for ~10x faster CPU inference (docs/how-it-works.md),
+# bubblewrap to confine the commands that `locals run`'s agents and checks run (docs/run.md).
+missing=""
+why=""
+if [ "$(uname -s)" = "Linux" ]; then
+  if [ ! -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] \
+     && [ ! -e /usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3 ]; then
+    missing="libopenblas0-pthread"
+    why="~10x faster CPU inference"
+  fi
+  if ! command -v bwrap >/dev/null 2>&1; then
+    missing="${missing:+$missing }bubblewrap"
+    why="${why:+$why and }the sandbox of locals run"
+  fi
+fi
+if [ -n "$missing" ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "locals: installing OpenBLAS (Debian's libopenblas0-pthread) for fast CPU inference"
-    apt-get install -y -qq libopenblas0-pthread >/dev/null 2>&1 \
-      || { apt-get update -qq >/dev/null && apt-get install -y -qq libopenblas0-pthread >/dev/null; }
+    echo "locals: installing $missing ($why)"
+    # $missing unquoted: one word a package.
+    apt-get install -y -qq $missing >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null && apt-get install -y -qq $missing >/dev/null; } \
+      || echo "locals: could not install $missing; run: apt-get install $missing"
   else
-    echo "locals: for ~10x faster CPU inference run: sudo apt-get install libopenblas0-pthread"
+    echo "locals: for $why run: sudo apt-get install $missing"
   fi
 fi
 

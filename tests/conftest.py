@@ -1,13 +1,17 @@
 """Shared fixtures: an isolated home dir, no network, the embedded model, a tiny random llama.
 
 On Linux the test process re-executes itself with OpenBLAS preloaded when it is installed
-(the same thing the CLI does), so model tests run at the speed users see.
+(the same thing the CLI does), so model tests run at the speed users see. Tests marked
+`needs_sandbox` skip, with the product's own install advice as the reason, where agents'
+commands cannot be confined (no bubblewrap): the README's test command passes on a fresh machine.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +26,19 @@ def pytest_configure(config):
     if capture is not None:
         capture.stop_global_capturing()  # give the new process the real stdout/stderr
     reexec_with_fast_blas()  # does not return
+
+
+def pytest_runtest_setup(item):
+    """Skip a `needs_sandbox` test, saying what to install, where no sandbox works."""
+    if item.get_closest_marker("needs_sandbox") is None:
+        return
+    from agents.sandbox import SandboxUnavailable, make_sandbox
+
+    scratch = Path(tempfile.gettempdir())
+    try:
+        make_sandbox(scratch, scratch)  # the runner's own probe: bubblewrap on Linux, sandbox-exec on macOS
+    except SandboxUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 def _is_loopback(address) -> bool:

@@ -32,6 +32,7 @@ def assert_user_state_kept(project):
     assert "nothing added" not in git(project, "status")
 
 
+@pytest.mark.needs_sandbox
 async def test_readme_example_applies_the_passing_patch(tmp_path, locals_home):
     project = make_project(tmp_path)
     fake = FakeOpenAI(coder(good_agents={1}))
@@ -58,6 +59,7 @@ async def test_readme_example_applies_the_passing_patch(tmp_path, locals_home):
     assert any(type(e).__name__ == "CheckDone" and e.passed for e in events)
 
 
+@pytest.mark.needs_sandbox
 async def test_no_agent_passes_leaves_the_project_untouched(tmp_path):
     project = make_project(tmp_path)
     before = git(project, "status", "--porcelain")
@@ -71,6 +73,7 @@ async def test_no_agent_passes_leaves_the_project_untouched(tmp_path):
     assert_user_state_kept(project)
 
 
+@pytest.mark.needs_sandbox
 async def test_failed_check_is_shown_to_the_agent_which_then_fixes_it(tmp_path):
     project = make_project(tmp_path)
 
@@ -93,6 +96,7 @@ async def test_failed_check_is_shown_to_the_agent_which_then_fixes_it(tmp_path):
     assert any(r.startswith("The check failed") and "assert 0 == 3" in r for r in tool_results(fake))
 
 
+@pytest.mark.needs_sandbox
 async def test_uncommitted_edits_in_the_same_file_survive_and_agents_see_them(tmp_path):
     project = make_project(tmp_path)
 
@@ -117,6 +121,7 @@ async def test_uncommitted_edits_in_the_same_file_survive_and_agents_see_them(tm
     assert (project / "scratch.txt").read_text() == "untracked\n"
 
 
+@pytest.mark.needs_sandbox
 async def test_a_patch_that_no_longer_applies_is_kept_not_forced(tmp_path, locals_home):
     project = make_project(tmp_path)
     script = coder(good_agents={0})
@@ -137,6 +142,7 @@ async def test_a_patch_that_no_longer_applies_is_kept_not_forced(tmp_path, local
     assert_user_state_kept(project)
 
 
+@pytest.mark.needs_sandbox
 async def test_question_mode_prints_one_answer(tmp_path):
     project = make_project(tmp_path)
 
@@ -154,6 +160,7 @@ async def test_question_mode_prints_one_answer(tmp_path):
     assert_user_state_kept(project)
 
 
+@pytest.mark.needs_sandbox
 async def test_question_mode_asks_for_an_answer_when_steps_run_out(tmp_path):
     project = make_project(tmp_path)
 
@@ -166,6 +173,7 @@ async def test_question_mode_asks_for_an_answer_when_steps_run_out(tmp_path):
     assert report.ok and report.answer == "It is a demo project."
 
 
+@pytest.mark.needs_sandbox
 async def test_cancelling_a_run_removes_every_worktree(tmp_path, locals_home):
     """What Ctrl-C does: the main task is cancelled mid-request; nothing is left behind."""
     project = make_project(tmp_path)
@@ -186,7 +194,8 @@ async def test_cancelling_a_run_removes_every_worktree(tmp_path, locals_home):
     assert not list((locals_home / "state" / "runs").iterdir())
 
 
-@pytest.mark.parametrize("parts", [1, None], ids=["agents", "planner"])
+@pytest.mark.parametrize("parts", [pytest.param(1, id="agents", marks=pytest.mark.needs_sandbox),
+                                   pytest.param(None, id="planner")])
 async def test_timeout_stops_the_run_and_says_so(tmp_path, parts):
     project = make_project(tmp_path)
     report = await run(FakeOpenAI(coder(good_agents={0}), delay_s=30), options(project, parts=parts, timeout_s=1))
@@ -195,6 +204,7 @@ async def test_timeout_stops_the_run_and_says_so(tmp_path, parts):
     assert_user_state_kept(project)
 
 
+@pytest.mark.needs_sandbox
 async def test_planned_parts_run_in_order_and_a_failed_part_skips_its_dependents(tmp_path):
     project = make_project(tmp_path)
     plan = {"parts": [{"goal": "write the code", "files": ["wordcount.py"], "depends_on": []},
@@ -212,6 +222,7 @@ async def test_planned_parts_run_in_order_and_a_failed_part_skips_its_dependents
     assert_user_state_kept(project)
 
 
+@pytest.mark.needs_sandbox
 async def test_an_unusable_plan_falls_back_to_one_part(tmp_path):
     project = make_project(tmp_path)
     script = coder(good_agents={0})
@@ -225,6 +236,7 @@ async def test_an_unusable_plan_falls_back_to_one_part(tmp_path):
     assert "one part" in events[0].note and events[0].parts[0].goal == TASK
 
 
+@pytest.mark.needs_sandbox
 async def test_calls_after_a_failed_finish_are_skipped_and_one_call_per_turn_is_asked(tmp_path):
     project = make_project(tmp_path)
     tests = __import__("runner_helpers").TESTS
@@ -260,6 +272,7 @@ def test_plans_are_validated_and_dependencies_only_point_back():
         parse_plan(json.dumps({"parts": []}), schema, TASK)
 
 
+@pytest.mark.needs_sandbox
 async def test_kept_runs_survive_later_runs_cleanup(tmp_path, locals_home):
     from agents.worktree import clean_stale_runs
 

@@ -9,11 +9,15 @@ import subprocess
 import sys
 import time
 
+import pytest
 from typer.testing import CliRunner
 
 from fake_openai import FakeOpenAI, call, calls
 from locals.cli import app
 from runner_helpers import CHECK, GOOD_CODE, TASK, coder, make_project, worktrees
+
+# Every test runs `locals run`, which refuses to start without a sandbox for the agents' commands.
+pytestmark = pytest.mark.needs_sandbox
 
 
 def invoke(*args: str):

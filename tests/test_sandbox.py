@@ -14,8 +14,7 @@ from fake_openai import FakeOpenAI, call, calls
 from locals.client import ChatClient
 from runner_helpers import make_project, tool_results
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or not sys.platform.startswith("linux"),
-                                reason="needs bubblewrap on Linux")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="bubblewrap and Landlock are Linux's")
 
 
 @pytest.fixture
@@ -26,6 +25,7 @@ def area(tmp_path):
     return worktree, tmp, outside
 
 
+@pytest.mark.needs_sandbox
 async def test_commands_write_in_the_worktree_and_temp_only(area):
     worktree, tmp, outside = area
     box = make_sandbox(worktree, tmp)
@@ -40,6 +40,7 @@ async def test_commands_write_in_the_worktree_and_temp_only(area):
     assert not home.ok and "Read-only" in home.output
 
 
+@pytest.mark.needs_sandbox
 async def test_no_network_by_default(area):
     worktree, tmp, _ = area
     server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
@@ -53,6 +54,7 @@ async def test_no_network_by_default(area):
     assert allowed.ok and "connected" in allowed.output
 
 
+@pytest.mark.needs_sandbox
 async def test_timeout_kills_the_command_and_output_is_capped(area):
     worktree, tmp, _ = area
     box = make_sandbox(worktree, tmp)
@@ -75,6 +77,7 @@ def test_macos_profile_allows_writes_only_in_the_given_folders(tmp_path):
     assert "(deny network*)" in profile
 
 
+@pytest.mark.needs_sandbox
 async def test_tool_paths_cannot_leave_the_worktree(area):
     worktree, tmp, outside = area
     tools = Toolbox(worktree, make_sandbox(worktree, tmp), WRITE_TOOLS)
@@ -88,6 +91,7 @@ async def test_tool_paths_cannot_leave_the_worktree(area):
     assert (await tools.execute("read_file", {"path": "a/b.txt"})).text == "x"
 
 
+@pytest.mark.needs_sandbox
 async def test_edit_search_and_list(area):
     worktree, tmp, _ = area
     tools = Toolbox(worktree, make_sandbox(worktree, tmp), WRITE_TOOLS)
@@ -103,6 +107,7 @@ async def test_edit_search_and_list(area):
     assert "unknown tool" in (await readonly.execute("write_file", {"path": "x", "content": ""})).text
 
 
+@pytest.mark.needs_sandbox
 async def test_an_agents_run_that_writes_outside_its_worktree_fails(tmp_path):
     """Through the whole runner: the agent's shell command cannot touch the user's project."""
     from agents.runner import RunOptions, run_team
