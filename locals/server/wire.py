@@ -17,18 +17,56 @@ _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a b
                list: "an array", dict: "an object"}
 
 
+# Deeper than any real request (a tool schema nested 30 objects deep is about 65 levels), and
+# shallow enough that the recursive code behind (chat templates, schema compilers, json.dumps)
+# stays well inside Python's recursion limit; docs/arch/server.md.
+MAX_NESTING = 100
+_NESTING_MESSAGE = (f"the request body nests arrays and objects more than {MAX_NESTING} levels "
+                    "deep; flatten it")
+
+
 async def read_json(request: web.Request) -> dict[str, Any]:
     """The request body as a JSON object, or a RequestError saying what is wrong with it."""
+    declared, limit = request.content_length, request.client_max_size
+    if declared is not None and limit and declared > limit:  # refused now, not once that much came
+        raise web.HTTPRequestEntityTooLarge(limit, declared)
     raw = await request.read()  # raises HTTPRequestEntityTooLarge past client_max_size
     if not raw.strip():
         raise RequestError("the request body is empty; send a JSON object")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise RequestError(_NESTING_MESSAGE) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
+    _check_values(body)
     return body
+
+
+def _refuse_constant(name: str) -> None:
+    raise RequestError(f"the request body holds {name}, which is not JSON; send a number or null")
+
+
+def _check_values(body: dict) -> None:
+    """Refuse what parses but breaks the code behind: nesting past MAX_NESTING, and strings
+    with a lone UTF-16 surrogate (`"\\ud800"`), which no tokenizer can encode."""
+    pending: list[tuple[Any, int]] = [(body, 1)]
+    while pending:  # a loop, not recursion: the depth is what is being checked
+        value, depth = pending.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_NESTING:
+                raise RequestError(_NESTING_MESSAGE)
+            children = [*value, *value.values()] if isinstance(value, dict) else value
+            pending.extend((child, depth + 1) for child in children)
+        elif isinstance(value, str) and not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise RequestError(
+                    f"a string in the request body holds a lone surrogate "
+                    f"(\\u{ord(value[exc.start]):04x}); send whole UTF-16 pairs or plain UTF-8") from None
 
 
 def get(body: dict, key: str, kind: type | tuple[type, ...], default: Any = None,

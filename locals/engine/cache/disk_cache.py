@@ -5,9 +5,11 @@ One file per prefix under `<cache dir>/prompts/<model key>/`: a magic line, a JS
 SHA-256s of everything before it in 16 MiB chunks (so a load checks the chunks on all cores
 at once: a 16k-token prompt of a 4B model is a 2.4 GB file). `save` only records the
 prefix's arrays; the MLX thread copies them to host memory in bounded slices (`pump`), and
-a background thread then hashes and writes them to a temp name renamed into place. A file
-that is truncated, tampered with or made for another model or tokenizer fails its checks
-and is deleted, never loaded. Total size is bounded; the least recently used files go first.
+a background thread then hashes and writes them to a temp name, flushed to the disk and
+renamed into place (`locals.atomic_file`): a process killed mid-write leaves a `*.tmp`,
+deleted at the next start, never a torn `.kv`. A file that is truncated, tampered with or
+made for another model or tokenizer fails its checks and is deleted, never loaded. Total
+size is bounded; the least recently used files go first.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from locals.atomic_file import write_atomically
 from locals.engine.forward.kv import LayerKV
 
 log = logging.getLogger(__name__)
@@ -86,22 +89,18 @@ def chunked_digest(body: memoryview) -> bytes:
     return hashlib.sha256(b"".join(digests)).digest()
 
 
-def _write_file(path: Path, key: str, tokens: list[int], kv: list[tuple[np.ndarray, np.ndarray]],
-                dtype: str) -> int:
-    """Write the file format to `path` piece by piece (no whole-file copy in memory); its size."""
+def _file_parts(key: str, tokens: list[int], kv: list[tuple[np.ndarray, np.ndarray]], dtype: str):
+    """The file format piece by piece (no whole-file copy in memory), its digest last."""
     header = {"model_key": key, "tokens": list(map(int, tokens)), "dtype": dtype,
               "shapes": [[list(k.shape), list(v.shape)] for k, v in kv]}
     head = json.dumps(header).encode()
-    digest, size = ChunkedDigest(), 0
-    with open(path, "wb") as f:
-        # hashlib and file writes release the GIL on big buffers: the server keeps running.
-        for part in [MAGIC, len(head).to_bytes(8, "little"), head] + [
-                memoryview(np.ascontiguousarray(a)).cast("B") for pair in kv for a in pair]:
-            digest.update(part)
-            f.write(part)
-            size += len(part)
-        f.write(digest.digest())
-    return size + 32
+    digest = ChunkedDigest()
+    # hashlib and file writes release the GIL on big buffers: the server keeps running.
+    for part in [MAGIC, len(head).to_bytes(8, "little"), head] + [
+            memoryview(np.ascontiguousarray(a)).cast("B") for pair in kv for a in pair]:
+        digest.update(part)
+        yield part
+    yield digest.digest()
 
 
 def read_header(path: Path, key: str | None) -> dict | None:
@@ -380,9 +379,8 @@ class DiskPrefixStore:
 
     def _write(self, tokens, host, dtype) -> None:
         name = self.name_of(tokens)
-        final, tmp = self.dir / f"{name}.kv", self.dir / f"{name}.{os.getpid()}.tmp"
-        size = _write_file(tmp, self.key, tokens, host, dtype)
-        os.replace(tmp, final)
+        final = self.dir / f"{name}.kv"
+        size = write_atomically(final, _file_parts(self.key, tokens, host, dtype))
         arr = np.asarray(tokens, np.int64)
         with self._lock:
             self.entries[name] = DiskEntry(final, arr, size)

@@ -4,7 +4,9 @@ Keys are (outlines-core version, tokenizer fingerprint, regex). Compiles run on 
 threads, two at a time (outlines-core releases the GIL while it builds), so a request waits
 on its own compile without stalling the server, and a compile that runs past its limit
 becomes a RequestError naming the schema; it keeps running and lands in the cache for next
-time, but never keeps a finished process (`locals generate`) from exiting.
+time, but never keeps a finished process (`locals generate`) from exiting. On disk each
+automaton is a pickle behind a magic line and its SHA-256, written atomically
+(`locals.atomic_file`); a file that fails the check is deleted and rebuilt, never loaded.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from importlib.metadata import version
 import outlines_core
 
 from locals import settings
+from locals.atomic_file import write_atomically
 from locals.config import constraint_dir
 from locals.engine.constrain.index import CompiledIndex
 from locals.engine.constrain.vocab import TokenVocab
@@ -36,6 +39,8 @@ MEMORY_ENTRIES = 128
 # go once the folder passes this (`locals cache clear` empties it).
 DISK_CAP_BYTES = 512 << 20
 _OUTLINES_VERSION = version("outlines_core")
+# Files written before the checksum fail the magic check and are rebuilt.
+_DISK_MAGIC = b"LOCALS-AUTOMATON-1\n"
 
 _memory: "OrderedDict[str, CompiledIndex]" = OrderedDict()
 _inflight: dict[str, Future] = {}
@@ -81,10 +86,15 @@ def _disk_path(key: str):
 def _load_disk(key: str) -> outlines_core.Index | None:
     path = _disk_path(key)
     try:
-        index = pickle.loads(path.read_bytes())
+        payload = _unsealed(path.read_bytes())
+        if payload is None:  # cut short or damaged on the disk: rebuilt, and the file goes
+            log.warning("deleting a damaged constraint cache entry %s", key)
+            path.unlink(missing_ok=True)
+            return None
+        index = pickle.loads(payload)
     except FileNotFoundError:
         return None
-    except Exception as exc:  # a stale or torn file is rebuilt, never fatal
+    except Exception as exc:  # a stale file (another outlines-core) is rebuilt, never fatal
         log.warning("ignoring unreadable constraint cache entry %s: %s", key, exc)
         return None
     with contextlib.suppress(OSError):
@@ -93,14 +103,25 @@ def _load_disk(key: str) -> outlines_core.Index | None:
 
 
 def _save_disk(key: str, index: outlines_core.Index) -> None:
-    path = _disk_path(key)
-    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_bytes(pickle.dumps(index))
-        tmp.replace(path)
+        write_atomically(_disk_path(key), _sealed(pickle.dumps(index)))
         trim_disk(DISK_CAP_BYTES)
     except OSError as exc:
         log.warning("could not write constraint cache entry %s: %s", key, exc)
+
+
+def _sealed(payload: bytes) -> list[bytes]:
+    """A cache file's parts: magic, the payload's SHA-256, the payload."""
+    return [_DISK_MAGIC, hashlib.sha256(payload).digest(), payload]
+
+
+def _unsealed(data: bytes) -> bytes | None:
+    """The payload of a sealed file, or None when it is not one or fails its checksum."""
+    start = len(_DISK_MAGIC) + 32
+    if not data.startswith(_DISK_MAGIC):
+        return None
+    payload = data[start:]
+    return payload if hashlib.sha256(payload).digest() == data[len(_DISK_MAGIC):start] else None
 
 
 def trim_disk(cap: int) -> int:

@@ -1,0 +1,60 @@
+"""Fuzzed requests against a real daemon on the embedded model (slow): over 5,000 hostile
+bodies across every endpoint, sent 8 at a time, then lying Content-Length headers. No 5xx,
+no dropped connection; after each batch the daemon is healthy and answers a normal chat;
+at the end nothing is left running or queued. Replies are capped (`--max-tokens 8`) so the
+valid bodies among them cost a CPU little.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from chaos_bodies import ENDPOINTS, request_case
+from chaos_checks import post_lying_length
+from fuzz_driver import FuzzDriver
+
+BATCH = 8
+BATCHES = 640  # 5,120 bodies
+
+
+def _fuzz(driver: FuzzDriver, batches: int) -> None:
+    @settings(max_examples=batches, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.lists(request_case(), min_size=BATCH, max_size=BATCH))
+    def one_batch(cases):
+        driver.batch(cases)  # problems are gathered, not raised: the run reports them all
+
+    one_batch()
+
+
+def _lying_lengths(daemon) -> list[str]:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "prompt": "hi"}'
+    problems = []
+    for endpoint in ENDPOINTS:
+        short = post_lying_length(daemon.port, endpoint.path, body, len(body) // 2, wait_s=30)
+        if short.status != 400:
+            problems.append(f"{endpoint.path}: a short Content-Length got {short.status}")
+        long = post_lying_length(daemon.port, endpoint.path, body, len(body) + 100, wait_s=1)
+        if long.status >= 500:
+            problems.append(f"{endpoint.path}: a long Content-Length got {long.status}")
+    return problems
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_five_thousand_fuzzed_bodies_against_a_daemon(daemons, tmp_path):
+    daemon = daemons(tmp_path / "home", "--max-tokens", "8")
+    driver = FuzzDriver(daemon.url)
+    try:
+        _fuzz(driver, BATCHES)
+        driver.tally.problems += _lying_lengths(daemon)
+        driver.tally.problems += driver.batch([])  # still serving after the lying headers
+    finally:
+        driver.close()
+    print(f"\nfuzzed daemon: {driver.tally.summary()}")
+    engine = daemon.get_json("/v1/locals/status")["engine"]
+    assert driver.tally.sent >= 5000
+    assert driver.tally.problems == [], "\n".join(driver.tally.problems[:20])
+    assert (engine["running"], engine["waiting"], engine["prefilling"]) == (0, 0, 0)
