@@ -44,15 +44,17 @@ def single_part(task: str) -> list[Part]:
     return [Part(index=0, goal=task)]
 
 
-async def make_plan(client: ChatClient, task: str, listing: str, parts: int | None) -> PlanReady:
-    """Ask the model for a plan; `parts` = None lets it choose how many. One part needs no call."""
+async def make_plan(client: ChatClient, task: str, listing: str, parts: int | None,
+                    session: str | None = None) -> PlanReady:
+    """Ask the model for a plan; `parts` = None lets it choose how many. One part needs no call.
+    `session` names the planner's conversation to the server (see ChatClient.chat)."""
     if parts == 1:
         return PlanReady(single_part(task))
     schema = plan_schema(parts)
     response_format = {"type": "json_schema", "json_schema": {"name": "plan", "schema": schema, "strict": True}}
     try:
         reply = await client.chat(planner_messages(task, listing, parts), response_format=response_format,
-                                  temperature=0.0, max_tokens=400)
+                                  temperature=0.0, max_tokens=400, session=session)
     except ClientError as exc:
         return PlanReady(single_part(task), note=f"planner failed ({_short(exc)}); running the task as one part")
     tokens = {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens}

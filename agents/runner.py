@@ -139,7 +139,8 @@ class Team:
 
     async def plan_and_run(self, listing: str) -> None:
         if self.options.check:
-            plan = await make_plan(self.client, self.options.task, listing, self.options.parts)
+            plan = await make_plan(self.client, self.options.task, listing, self.options.parts,
+                                   session=f"{self.options.run_id}/plan")
         else:
             plan = PlanReady(single_part(self.options.task))
         self.planner_tokens = plan.prompt_tokens, plan.completion_tokens

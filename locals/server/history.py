@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -69,7 +69,7 @@ class History:
         return sample
 
     def since(self, t: float) -> list[dict]:
-        return [asdict(s) for s in self.samples if s.t > t]
+        return [dict(vars(s)) for s in self.samples if s.t > t]
 
 
 HISTORY = web.AppKey("locals_history", History)

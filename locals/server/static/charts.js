@@ -3,7 +3,7 @@
 "use strict";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
-const PAD = { left: 44, right: 8, top: 8, bottom: 20 };
+const PAD = { right: 8, top: 8, bottom: 20 };  // the left one fits the longest y label
 
 function svgEl(name, attrs, text) {
   const el = document.createElementNS(SVG_NS, name);
@@ -42,8 +42,8 @@ function minutesLabel(seconds) {
   return seconds < 60 ? `−${Math.round(seconds)} s` : `−${Math.round(seconds / 60)} min`;
 }
 
-// series: [{name, color, points: [[t, v], ...], fill, dashed, dots}]
-// options: {t0, t1, format(v) -> label, min max (the axis goes at least this high), gap (s)}
+// series: [{name, color, points: [[t, v], ...], fill, dots}]
+// options: {t0, t1, format(v) -> label, min (the axis goes at least this high), integer, gap (s)}
 function drawChart(svg, series, options) {
   const width = Math.max(svg.clientWidth || 320, 160);
   const height = Math.max(svg.clientHeight || 130, 80);
@@ -51,25 +51,26 @@ function drawChart(svg, series, options) {
   svg.replaceChildren();
   const { t0, t1 } = options;
   const values = series.flatMap((s) => s.points.filter(([t, v]) => t >= t0 && v != null).map(([, v]) => v));
-  const top = niceMax(Math.max(options.min || 0, ...values));
-  const plotW = width - PAD.left - PAD.right;
+  let top = niceMax(Math.max(options.min || 0, ...values));
+  if (options.integer && top % 2) top += 1;  // counts: the middle label stays a whole number
+  const labels = [0, 2, 4].map((i) => options.format((top * i) / 4));
+  const left = 12 + 6 * Math.max(...labels.map((l) => l.length));
+  const plotW = width - left - PAD.right;
   const plotH = height - PAD.top - PAD.bottom;
-  const x = (t) => PAD.left + ((t - t0) / Math.max(t1 - t0, 1)) * plotW;
+  const x = (t) => left + ((t - t0) / Math.max(t1 - t0, 1)) * plotW;
   const y = (v) => PAD.top + plotH - (Math.min(v, top) / top) * plotH;
 
   for (let i = 0; i <= 4; i++) {
-    const value = (top * i) / 4;
-    const gy = y(value);
-    svg.appendChild(svgEl("line", { x1: PAD.left, x2: width - PAD.right, y1: gy, y2: gy, class: i ? "grid" : "axis" }));
+    const gy = y((top * i) / 4);
+    svg.appendChild(svgEl("line", { x1: left, x2: width - PAD.right, y1: gy, y2: gy, class: i ? "grid" : "axis" }));
     if (i % 2 === 0) {
-      svg.appendChild(svgEl("text", { x: PAD.left - 6, y: gy + 3.5, class: "ylabel", "text-anchor": "end" },
-        options.format(value)));
+      svg.appendChild(svgEl("text", { x: left - 6, y: gy + 3.5, class: "ylabel", "text-anchor": "end" }, labels[i / 2]));
     }
   }
   const span = t1 - t0;
   for (const fraction of [0, 0.5, 1]) {
     const anchor = fraction === 0 ? "start" : fraction === 1 ? "end" : "middle";
-    svg.appendChild(svgEl("text", { x: PAD.left + fraction * plotW, y: height - 5, class: "xlabel", "text-anchor": anchor },
+    svg.appendChild(svgEl("text", { x: left + fraction * plotW, y: height - 5, class: "xlabel", "text-anchor": anchor },
       minutesLabel(span * (1 - fraction))));
   }
 
@@ -97,7 +98,7 @@ function drawChart(svg, series, options) {
         svg.appendChild(svgEl("polygon", { points: `${first},${base} ${coords.join(" ")} ${last},${base}`,
           fill: s.color, class: "area" }));
       }
-      svg.appendChild(svgEl("polyline", { points: coords.join(" "), stroke: s.color, class: s.dashed ? "line dashed" : "line",
+      svg.appendChild(svgEl("polyline", { points: coords.join(" "), stroke: s.color, class: "line",
         "data-series": s.name }));
     }
   }

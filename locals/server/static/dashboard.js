@@ -23,7 +23,7 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
-const view = { samples: [], lastT: 0, pid: null, windowS: 300, now: Date.now() / 1000 };
+const view = { samples: [], lastT: 0, pid: null, windowS: 300, now: Date.now() / 1000, patchOpen: new Map() };
 
 function showStatus(s) {
   $("model").textContent = s.model;
@@ -45,13 +45,15 @@ function showStatus(s) {
   $("generated").textContent = count(e.generated_tokens_total + ((e.extra || {}).generating_tokens || 0));
   $("kv").textContent = e.kv_budget_bytes ? bytes(e.kv_bytes) + " / " + bytes(e.kv_budget_bytes) : bytes(e.kv_bytes);
   $("kv-meter").style.width = e.kv_budget_bytes ? (100 * e.kv_bytes / e.kv_budget_bytes).toFixed(1) + "%" : "0";
-  const rows = s.requests.recent.map((r) => el("tr", { class: r.finish === "running" ? "live" : null },
+  const rows = s.requests.recent.slice(0, 12).map((r) => el("tr", { class: r.finish === "running" ? "live" : null },
     el("td", {}, r.api), el("td", {}, r.client || "–"), el("td", { class: "num" }, r.prompt_tokens),
     el("td", { class: "num" }, r.cached_tokens), el("td", { class: "num" }, r.completion_tokens),
     el("td", { class: "num" }, r.tool_calls), el("td", { class: "num" }, secs(r.ttft_s)),
     el("td", { class: "num" }, r.duration_s == null ? "…" : secs(r.duration_s)),
-    el("td", { class: finishClass(r.finish) }, r.finish, ...(r.guards || []).map((g) => el("span", { class: "tag" }, g)))));
-  $("recent").replaceChildren(...rows);
+    el("td", { class: finishClass(r.finish) }, r.finish,
+      ...r.guards.filter((g) => g !== r.finish).map((g) => el("span", { class: "tag" }, g)))));
+  $("recent").replaceChildren(...(rows.length ? rows
+    : [el("tr", { class: "empty" }, el("td", { colspan: 9 }, "no requests yet"))]));
 }
 
 function finishClass(finish) {
@@ -89,10 +91,11 @@ function cacheShare(samples) {
   return out;
 }
 
-function chart(id, series, format, nowText, min) {
+function chart(id, series, format, nowText, min, integer) {
   const figure = $(id);
   figure.querySelector(".now").textContent = nowText;
-  window.drawChart(figure.querySelector("svg"), series, { t0: view.now - view.windowS, t1: view.now, format, min, gap: 3 });
+  window.drawChart(figure.querySelector("svg"), series,
+    { t0: view.now - view.windowS, t1: view.now, format, min, integer, gap: 3 });
 }
 
 function showCharts() {
@@ -110,12 +113,13 @@ function showCharts() {
   chart("chart-requests", [
     { name: "running", color: "var(--green)", points: points("running"), fill: true },
     { name: "queued", color: "var(--orange)", points: points("waiting") }],
-  (v) => v.toFixed(v % 1 ? 1 : 0), last.t ? `${last.running} running, ${last.waiting} queued` : "–", 2);
+  (v) => v.toFixed(0), last.t ? `${last.running} running, ${last.waiting} queued` : "–", 2, true);
+  // The budget is GBs and the use often MBs: it is named, not drawn, so the lines stay readable.
   chart("chart-memory", [
     { name: "kv", color: "var(--blue)", points: points("kv_bytes"), fill: true },
-    { name: "prefix", color: "var(--purple)", points: points("prefix_cache_bytes") },
-    { name: "budget", color: "var(--dim)", points: points("kv_budget_bytes"), dashed: true }],
-  (v) => v ? bytes(v) : "0", last.t ? `${bytes(last.kv_bytes)} KV, ${bytes(last.prefix_cache_bytes)} cached` : "–", 1 << 20);
+    { name: "prefix", color: "var(--purple)", points: points("prefix_cache_bytes") }],
+  (v) => v ? bytes(v) : "0", last.t ? `${bytes(last.kv_bytes)} · ${bytes(last.prefix_cache_bytes)}` : "–", 1 << 20);
+  $("kv-budget").textContent = last.kv_budget_bytes ? `KV budget ${bytes(last.kv_budget_bytes)}` : "";
   const share = cacheShare(s);
   const lastShare = share.length ? share[share.length - 1][1] : null;
   chart("chart-cache", [{ name: "cache", color: "var(--teal)", points: share, fill: true }],
@@ -138,16 +142,20 @@ function showConversations(data) {
     : [el("tr", { class: "empty" }, el("td", { colspan: 9 }, "no requests yet"))]));
 }
 
-function patchView(patch) {
+// Patches short enough are shown open; a reader's own opening or closing survives the next poll.
+function patchView(patch, key) {
   const pre = el("pre");
-  for (const line of patch.split("\n")) {
+  for (const line of patch.replace(/\n$/, "").split("\n")) {
     const kind = line.startsWith("@@") ? "hunk" : line.startsWith("+") && !line.startsWith("+++") ? "add"
       : line.startsWith("-") && !line.startsWith("---") ? "del" : null;
     pre.append(el("span", { class: kind }, line + "\n"));
   }
   const added = patch.split("\n").filter((l) => l.startsWith("+") && !l.startsWith("+++")).length;
   const removed = patch.split("\n").filter((l) => l.startsWith("-") && !l.startsWith("---")).length;
-  return el("details", { class: "patch" }, el("summary", {}, `the applied patch (+${added} −${removed})`), pre);
+  const open = view.patchOpen.has(key) ? view.patchOpen.get(key) : added + removed <= 30;
+  const details = el("details", { class: "patch", open }, el("summary", {}, `the patch (+${added} −${removed})`), pre);
+  details.addEventListener("toggle", () => view.patchOpen.set(key, details.open));
+  return details;
 }
 
 const PART_CLASS = { applied: "ok", answered: "ok", failed: "fail", timeout: "fail", conflict: "warn", skipped: "dim" };
@@ -169,7 +177,7 @@ function runView(run, now) {
     const files = p.files.length ? `: ${p.files.join(", ")}` : "";
     return el("div", { class: "part" }, `part ${p.index + 1} · ${p.goal} · `,
       el("b", { class: PART_CLASS[p.status] || "busy" }, p.status + who + files), p.detail ? ` — ${p.detail}` : "",
-      p.patch ? patchView(p.patch) : null);
+      p.patch ? patchView(p.patch, `${run.run}/${p.index}`) : null);
   });
   const agents = run.agents.map((a) => el("tr", { class: ["working", "checking"].includes(a.status) && run.active ? "live" : null },
     el("td", {}, a.part + 1), el("td", {}, a.agent + 1), el("td", {}, el("code", {}, a.worktree)),
@@ -219,12 +227,16 @@ async function poll() {
   setTimeout(poll, 1000);
 }
 
-for (const button of document.querySelectorAll("#window button")) {
-  button.addEventListener("click", () => {
-    view.windowS = Number(button.dataset.s);
-    document.querySelectorAll("#window button").forEach((b) => b.classList.toggle("on", b === button));
-    showCharts();
-  });
+function chooseWindow(seconds) {
+  view.windowS = seconds;
+  document.querySelectorAll("#window button").forEach((b) => b.classList.toggle("on", Number(b.dataset.s) === seconds));
 }
+
+for (const button of document.querySelectorAll("#window button")) {
+  button.addEventListener("click", () => { chooseWindow(Number(button.dataset.s)); showCharts(); });
+}
+// ?window=60 (or 300, 600) opens the page on that chart span; a link can keep the choice.
+const asked = Number(new URLSearchParams(location.search).get("window"));
+if ([60, 300, 600].includes(asked)) chooseWindow(asked);
 window.addEventListener("resize", showCharts);
 poll();
