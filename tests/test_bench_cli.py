@@ -1,5 +1,6 @@
-"""`locals bench` as users run it: a report with every sample, a refusal on a busy machine,
-clear errors for bad options; and the measuring helpers it shares with benchmarks/."""
+"""`locals bench` as users run it: the served-traffic report (slow: real servers), the
+in-process diagnostic's report with every sample, a refusal on a busy machine, clear errors for
+bad options; and the measuring helpers it shares with benchmarks/."""
 
 from __future__ import annotations
 
@@ -45,10 +46,10 @@ def test_all_rows_rate_counts_only_the_time_every_row_decodes():
 
 
 @pytest.mark.model
-def test_bench_writes_a_report_with_every_sample(tmp_path):
+def test_bench_engine_writes_a_report_with_every_sample(tmp_path):
     out = tmp_path / "report.json"
-    proc = run_cli("bench", "--model", "smollm2", "--batches", "1,2", "--tokens", "4", "--prompt-len", "8",
-                   "--rounds", "2", "--force", "--out", str(out))
+    proc = run_cli("bench", "--engine", "--model", "smollm2", "--batches", "1,2", "--tokens", "4",
+                   "--prompt-len", "8", "--rounds", "2", "--force", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "locals / mlx-lm" in proc.stdout and str(out) in proc.stdout.replace("\n", "")
     report = json.loads(out.read_text())
@@ -60,19 +61,21 @@ def test_bench_writes_a_report_with_every_sample(tmp_path):
 
 
 def test_bench_refuses_on_a_busy_machine_unless_forced(monkeypatch):
+    from locals import measure
     from locals.cli import bench
-    from locals.engine import bench as measuring
     from locals.errors import LocalsError
 
-    monkeypatch.setattr(measuring, "other_cpu_percent", lambda interval=1.0: 90.0)
+    monkeypatch.setattr(measure, "other_cpu_percent", lambda interval=1.0: 90.0)
     with pytest.raises(LocalsError, match="--force"):
         bench._check_quiet(force=False)
     assert bench._check_quiet(force=True) == 90.0
 
 
 def test_bench_bad_options_are_one_line_errors():
-    for args, needle in ((("--batches", "0,2"), "between 1 and 256"), (("--batches", "x"), "--batches"),
-                         (("--tokens", "1"), "--tokens")):
+    for args, needle in ((("--engine", "--batches", "0,2"), "between 1 and 256"),
+                         (("--engine", "--batches", "x"), "--batches"), (("--engine", "--tokens", "1"), "--tokens"),
+                         (("--agents", "0,8"), "--agents"), (("--servers", "locals,vllm"), "--servers"),
+                         (("--turns", "0"), "--turns")):
         proc = run_cli("bench", *args)
         assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
@@ -90,3 +93,28 @@ def test_bench_out_may_be_a_folder_and_a_bad_one_fails_before_measuring(tmp_path
     (tmp_path / "file").write_text("x")
     with pytest.raises(LocalsError, match="--out"):
         _report_path(tmp_path / "file" / "r.json")  # its folder would be a file
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_bench_serves_traffic_to_locals_and_mlx_lm_server(tmp_path):
+    """The default benchmark, briefly: both servers fresh per round, the embedded model."""
+    out = tmp_path / "report.json"
+    proc = run_cli("bench", "--model", "smollm2", "--agents", "1,2", "--rounds", "2", "--turns", "1",
+                   "--size-scale", "0.04", "--time-scale", "0.01", "--servers", "locals,mlx_lm.server",
+                   "--force", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "locals / mlx_lm.server" in proc.stdout and "burst tok/s" in proc.stdout
+    report = json.loads(out.read_text())
+    assert list(report["runs"]) == ["locals", "mlx_lm.server"] and report["model"] == "smollm2"
+    for name, rounds in report["runs"].items():
+        assert len(rounds) == 2
+        for record in rounds:
+            assert not record.get("error") and 0 < record["ready_s"] < record["first_token_s"], record
+            for n in ("1", "2"):
+                figures = record["phases"][n]["figures"]
+                assert figures["failed"] == 0 and figures["output_tokens"] > 0, (name, n, figures)
+                assert figures["tokens_counted"] == ["usage"]
+    assert report["ratios"]["mlx_lm.server"]["2"]["burst_tps"] > 0
+    assert "dense float32" in report["weights"]["mlx_lm.server"]
+    assert (tmp_path / "report-logs" / "locals-round1.log").exists()

@@ -103,6 +103,14 @@ def test_every_engine_module_lives_in_a_room_or_is_a_loop_file():
     assert rooms == set(ROOMS), rooms
 
 
+def test_the_traffic_benchmark_is_only_a_client_of_servers():
+    """locals/traffic measures servers over HTTP from a process that loads no model."""
+    bad = ("locals.engine", "locals.server", "locals.cli", "locals.daemon")
+    offenders = [f"{p.relative_to(ROOT)}: {n}" for p in _modules("locals/traffic")
+                 for n in _imports(p) if n.startswith(bad) or _top(n) in HEAVY]
+    assert not offenders, offenders
+
+
 def test_the_rules_see_a_violation(tmp_path):
     """The walker itself works: a planted import is found."""
     bad = tmp_path / "bad.py"

@@ -1,38 +1,29 @@
-"""`locals bench`: a strict decode benchmark of this machine — locals' engine against mlx-lm's
-BatchGenerator on the same weights, interleaved rounds, every sample kept in a JSON report.
+"""`locals bench`: how fast this machine serves agents — locals against mlx_lm.server (and
+llama.cpp's server where it runs) as fresh server processes on the same weights, driven over
+HTTP by agent-shaped traffic, rounds interleaved, every request kept in a JSON report.
+`--engine` runs the in-process decode diagnostic instead.
 
-The measuring lives in locals.engine.bench; this module checks the machine is quiet, runs
-the rounds with a progress bar and prints the table.
+This module holds the command and what both modes share (the quiet-machine check, where the
+report goes); bench_traffic.py and bench_engine.py run each mode.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from locals.cli.common import console, console_err, load_with_spinner, prepare_model_process
-from locals.config import state_dir
+from locals.cli.common import console_err
 from locals.errors import LocalsError
 
-
-def _parse_batches(text: str) -> list[int]:
-    try:
-        batches = [int(b) for b in text.split(",") if b.strip()]
-    except ValueError:
-        batches = []
-    if not batches or min(batches) < 1 or max(batches) > 256:
-        raise LocalsError(f"--batches {text!r}: give batch sizes between 1 and 256, e.g. 1,2,4,8")
-    return batches
+TRAFFIC = "Served traffic (the default)"
+ENGINE = "In-process decode (--engine, a diagnostic)"
 
 
 def _check_quiet(force: bool) -> float:
-    from locals.engine.bench import BUSY_CPU_PERCENT, other_cpu_percent
+    from locals.measure import BUSY_CPU_PERCENT, other_cpu_percent
 
     busy = other_cpu_percent()
     if busy > BUSY_CPU_PERCENT:
@@ -46,6 +37,8 @@ def _check_quiet(force: bool) -> float:
 
 def _report_path(out: Path | None) -> Path:
     """Where the JSON report goes: `out`, a new file inside `out` when it is a folder, or the state folder."""
+    from locals.config import state_dir
+
     name = f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path = (out / name if out.is_dir() else out) if out else state_dir() / "bench" / name
     try:
@@ -55,81 +48,67 @@ def _report_path(out: Path | None) -> Path:
     return path
 
 
-def _table(rows: list[dict]) -> Table:
-    out = Table(title="decode tok/s (median, range) · TTFT")
-    for col in ("B", "locals", "mlx-lm", "locals / mlx-lm", "TTFT locals", "TTFT mlx-lm"):
-        out.add_column(col, justify="right")
-    for row in rows:
-        ours, theirs = row["locals"], row["mlx-lm"]
+def _traffic_plan(agents: str, rounds: int, turns: int, time_scale: float, size_scale: float | None,
+                  seed: int, max_minutes: float | None) -> dict:
+    from locals.cli.bench_traffic import parse_agents
+    from locals.traffic.workload import Workload
 
-        def rate(d):
-            s = d["decode_tps"]
-            return f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"
+    if turns < 1 or time_scale < 0 or (size_scale is not None and size_scale <= 0):
+        raise LocalsError("--turns must be at least 1, --time-scale at least 0 and --size-scale above 0")
+    if size_scale is None:  # a CPU reads prompts ~100x slower than a GPU: the same traffic, smaller
+        from locals.engine.load.backend import detect
 
-        ratio = ours["decode_tps"]["median"] / max(theirs["decode_tps"]["median"], 1e-9)
-        out.add_row(str(row["batch"]), rate(ours), rate(theirs), f"{ratio:.2f}×",
-                    f"{ours['ttft_s']['median']:.2f} s", f"{theirs['ttft_s']['median']:.2f} s")
-    return out
-
-
-def _measure(loaded, batches: list[int], tokens: int, prompt_len: int, rounds: int) -> list[dict]:
-    from locals.engine.bench import bench_prompts, interleaved, run_locals, run_mlx_lm, summary, without_eos
-    from locals.engine.engine import Engine
-    from locals.engine.settings import EngineConfig
-
-    loaded = without_eos(loaded)
-    # No prefix cache: every round reads its prompts again, as mlx-lm does.
-    engine = Engine(loaded, EngineConfig(prefix_cache_bytes=0, max_batch=max(batches)))
-    engine.start()
-    rows = []
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    try:
-        with Progress(*columns, console=console_err, transient=True) as progress:
-            task = progress.add_task("benchmarking", total=len(batches) * (rounds + 1) * 2)
-            for batch in batches:
-                prompts = bench_prompts(loaded.tokenizer, batch, prompt_len, seed=batch)
-                runners = {"locals": lambda: run_locals(engine, prompts, tokens),
-                           "mlx-lm": lambda: run_mlx_lm(loaded.model, prompts, tokens)}
-                progress.update(task, description=f"B={batch}")
-                runners = {n: (lambda fn=fn: (fn(), progress.advance(task))[0]) for n, fn in runners.items()}
-                samples = interleaved(rounds, runners)
-                row = {"batch": batch}
-                for name, runs in samples.items():
-                    row[name] = {"decode_tps": summary([r["decode_tps"] for r in runs]),
-                                 "ttft_s": summary([r["ttft_s"] for r in runs]), "samples": runs}
-                rows.append(row)
-    finally:
-        engine.stop()
-    return rows
+        size_scale = 0.2 if detect().kind == "cpu" else 1.0
+    return {"agents": parse_agents(agents), "rounds": rounds, "seed": seed,
+            "workload": Workload(turns=turns, size_scale=size_scale, time_scale=time_scale),
+            "time_limit_s": max_minutes * 60 if max_minutes else None}
 
 
 def bench(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to measure (default: this machine's)."),
-    batches: str = typer.Option("1,2,4,8", "--batches", "-b", help="Batch sizes, comma-separated."),
-    tokens: int = typer.Option(64, "--tokens", help="Tokens each request decodes (EOS ignored)."),
-    prompt_len: int = typer.Option(128, "--prompt-len", help="Prompt tokens per request."),
-    rounds: int = typer.Option(3, "--rounds", "-r", help="Timed rounds per variant (after one warm-up)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Where to write the JSON report."),
+    rounds: int = typer.Option(3, "--rounds", "-r", min=1, help="Rounds (servers interleaved; medians over rounds)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="Where to write the JSON report (a file or a folder)."),
     force: bool = typer.Option(False, "--force", help="Measure even when other processes keep the CPU busy."),
+    agents: str = typer.Option("1,4,8", "--agents", "-a", rich_help_panel=TRAFFIC,
+                               help="Agent counts, comma-separated; one phase each, on each server."),
+    turns: int = typer.Option(2, "--turns", rich_help_panel=TRAFFIC, help="Turns per agent before the burst."),
+    time_scale: float = typer.Option(0.2, "--time-scale", rich_help_panel=TRAFFIC,
+                                     help="Multiplies the agents' 0–10 s tool time and their 10 s staggered start."),
+    size_scale: Optional[float] = typer.Option(
+        None, "--size-scale", rich_help_panel=TRAFFIC,
+        help="Multiplies every prompt and reply length (default: 1 on a GPU, 0.2 on a CPU)."),
+    servers: Optional[str] = typer.Option(None, "--servers", rich_help_panel=TRAFFIC,
+                                          help="locals,mlx_lm.server,llama.cpp (default: every one that runs here)."),
+    seed: int = typer.Option(0, "--seed", rich_help_panel=TRAFFIC, help="Seed of the traffic (round r uses seed + r)."),
+    max_minutes: Optional[float] = typer.Option(None, "--max-minutes", rich_help_panel=TRAFFIC,
+                                                help="Start no server round that would likely end after this."),
+    engine: bool = typer.Option(False, "--engine", rich_help_panel=ENGINE,
+                                help="Time decode in this process instead (a diagnostic: no HTTP, fixed lengths)."),
+    batches: str = typer.Option("1,2,4,8", "--batches", "-b", rich_help_panel=ENGINE,
+                                help="Batch sizes, comma-separated."),
+    tokens: int = typer.Option(64, "--tokens", rich_help_panel=ENGINE,
+                               help="Tokens each request decodes (EOS ignored)."),
+    prompt_len: int = typer.Option(128, "--prompt-len", rich_help_panel=ENGINE, help="Prompt tokens per request."),
 ) -> None:
-    """Measure decode speed of locals against mlx-lm on this machine, same weights, and save a JSON report."""
-    batch_list = _parse_batches(batches)
-    if tokens < 2 or prompt_len < 1 or rounds < 1:
-        raise LocalsError("--tokens must be at least 2, --prompt-len and --rounds at least 1")
-    path = _report_path(out)  # a bad --out fails now, not after the measuring
-    busy_before = _check_quiet(force)  # before loading: a download or load would be wasted on a busy machine
-    prepare_model_process()
-    loaded = load_with_spinner(model)
-    from locals.engine.bench import machine_info, other_cpu_percent
+    """How fast this machine serves coding agents: locals against mlx_lm.server (and llama.cpp's
+    server where it runs) as fresh servers on the same weights, agent-shaped traffic over HTTP;
+    saves a JSON report with every request."""
+    if engine:
+        from locals.cli.bench_engine import engine_bench, parse_batches
 
-    rows = _measure(loaded, batch_list, tokens, prompt_len, rounds)
-    report = {"benchmark": "locals bench", "when": time.strftime("%Y-%m-%d %H:%M:%S"), "model": loaded.name,
-              "model_id": loaded.model_id, "backend": loaded.backend.kind, "tokens": tokens,
-              "prompt_len": prompt_len, "rounds": rounds, "other_cpu_percent_before": busy_before,
-              "other_cpu_percent_after": other_cpu_percent(0.5), "machine": machine_info(), "rows": rows}
-    path.write_text(json.dumps(report, indent=1))
-    console.print(_table(rows))
-    console.print(f"same weights for both ({loaded.backend.kind}); report: {path}")
+        batch_list = parse_batches(batches)
+        if tokens < 2 or prompt_len < 1:
+            raise LocalsError("--tokens must be at least 2 and --prompt-len at least 1")
+        path = _report_path(out)  # a bad --out fails now, not after the measuring
+        engine_bench(model, batch_list, tokens, prompt_len, rounds, path, _check_quiet(force))
+        return
+    from locals.cli.bench_traffic import parse_servers, traffic_bench
+
+    plan_args = _traffic_plan(agents, rounds, turns, time_scale, size_scale, seed, max_minutes)
+    wanted = parse_servers(servers)
+    path = _report_path(out)
+    traffic_bench(model, plan_args, wanted, path, _check_quiet(force))
 
 
 def register(app: typer.Typer) -> None:

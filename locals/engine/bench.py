@@ -1,5 +1,6 @@
 """Measuring decode speed: locals' engine and mlx-lm's BatchGenerator on the same weights and
-prompts, variants interleaved in rounds, every sample kept. Used by `locals bench` and the
+prompts, variants interleaved in rounds, every sample kept. Used by `locals bench --engine` (a
+diagnostic: what the engine can do in-process, not what a client gets over HTTP) and the
 scripts in benchmarks/.
 
 Each request decodes exactly `max_tokens` tokens (EOS ignored on both sides). Decode tok/s
@@ -14,35 +15,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import random
-import statistics
 import threading
 import time
-from collections.abc import Callable
 
 import psutil
 
-BUSY_CPU_PERCENT = 25.0  # other processes' CPU use above which timings are not trustworthy
-
-
-def summary(values: list[float]) -> dict:
-    """Median and range of a list of measurements."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
-def interleaved(rounds: int, runners: dict[str, Callable[[], dict]], warmup: bool = True,
-                on_sample: Callable[[str, int], None] | None = None) -> dict[str, list[dict]]:
-    """Run each runner once per round, alternating (and rotating) their order; one untimed warm-up each."""
-    if warmup:
-        for fn in runners.values():
-            fn()
-    out: dict[str, list[dict]] = {name: [] for name in runners}
-    names = list(runners)
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            out[name].append(runners[name]())
-            if on_sample is not None:
-                on_sample(name, r)
-    return out
+# Shared with the served-traffic benchmark (locals.traffic), which never imports the engine;
+# re-exported here for benchmarks/ and the tests.
+from locals.measure import BUSY_CPU_PERCENT, interleaved, other_cpu_percent, summary  # noqa: F401
 
 
 def timing(submitted: float, firsts: list[float], ends: list[float], n_tokens: int, batch: int,
@@ -152,15 +132,6 @@ def _run_mlx_lm(model, prompts: list[list[int]], max_tokens: int) -> dict:
         raise RuntimeError(f"mlx-lm stopped early: {counts} tokens, expected {max_tokens} each")
     return timing(t0, list(firsts.values()), list(ends.values()), max_tokens, len(prompts),
                   list(stamps.values()))
-
-
-def other_cpu_percent(interval: float = 1.0) -> float:
-    """CPU use of every other process over `interval` seconds, in percent of the whole machine."""
-    me = psutil.Process()
-    me.cpu_percent(None)
-    total = psutil.cpu_percent(interval=interval)
-    mine = me.cpu_percent(None) / (psutil.cpu_count() or 1)
-    return max(total - mine, 0.0)
 
 
 def machine_info() -> dict:

@@ -1,0 +1,127 @@
+"""`locals bench` (the default): the served-traffic benchmark from the command line. Picks the
+model, gives each peer the same weights (a GGUF is exported as an MLX folder for mlx_lm.server,
+dense float32 on a CPU as locals runs it; llama.cpp's server reads the GGUF itself), runs
+locals.traffic with a progress bar, saves the JSON report after each server's round and prints
+the table.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from locals.cli.common import console, console_err
+from locals.errors import LocalsError
+from locals.traffic import servers as srv
+
+SERVER_NAMES = ("locals", "mlx_lm.server", "llama.cpp")
+
+
+def parse_agents(text: str) -> tuple[int, ...]:
+    try:
+        agents = tuple(int(a) for a in text.split(",") if a.strip())
+    except ValueError:
+        agents = ()
+    if not agents or min(agents) < 1 or max(agents) > 256:
+        raise LocalsError(f"--agents {text!r}: give agent counts between 1 and 256, e.g. 1,4,8")
+    return agents
+
+
+def parse_servers(text: str | None) -> list[str] | None:
+    """The servers asked for, None for every one that can run here."""
+    if text is None:
+        return None
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SERVER_NAMES]
+    if unknown or not names:
+        raise LocalsError(f"--servers {text!r}: pick from {', '.join(SERVER_NAMES)} (comma-separated)")
+    return names
+
+
+def _blas_env(backend) -> dict[str, str]:
+    """On a Linux CPU, OpenBLAS preloaded for every MLX server (locals re-execs with it anyway),
+    so both run their matmuls on the same BLAS."""
+    from locals.engine.load.backend import find_openblas
+
+    lib = find_openblas() if backend.kind == "cpu" and sys.platform == "linux" else None
+    if lib is None or "openblas" in os.environ.get("LD_PRELOAD", ""):
+        return {}
+    return {"LD_PRELOAD": ":".join(p for p in (lib, os.environ.get("LD_PRELOAD", "")) if p)}
+
+
+def server_specs(name: str, backend, scratch: Path, wanted: list[str] | None) -> tuple[list, dict]:
+    """(specs, what weights each runs) for `name` on this machine."""
+    from locals.engine.load.export import export_mlx
+    from locals.engine.load.models import fetch_weights, resolve
+
+    kind, target, _ = resolve(name)
+    env = _blas_env(backend)
+    specs = {"locals": srv.locals_server(name, env)}
+    weights = {"locals": f"{name} ({kind}), as locals loads it on {backend.kind}"}
+    peer_env = dict(env)
+    if kind == "gguf":
+        with console_err.status("exporting the GGUF as an MLX folder for mlx_lm.server…", spinner="dots"):
+            peer_model = str(export_mlx(target, scratch / "mlx", dense=backend.dense_weights))
+        how = "dense float32" if backend.dense_weights else "quantized as in the file"
+        weights["mlx_lm.server"] = f"{target} exported to MLX ({how})"
+    elif kind == "hf":
+        peer_model = fetch_weights(name)
+        peer_env["HF_HUB_OFFLINE"] = "1"  # fetched above: the peer must not reach for the network
+        weights["mlx_lm.server"] = f"{peer_model} from the Hugging Face cache"
+    else:
+        peer_model = target
+        weights["mlx_lm.server"] = target
+    specs["mlx_lm.server"] = srv.mlx_lm_server(peer_model, peer_env)
+    if kind == "gguf" and srv.llama_cpp_available():
+        specs["llama.cpp"] = srv.llama_cpp_server(target, context=0, threads=os.cpu_count() or 1)
+        weights["llama.cpp"] = f"{target} (its own GGUF kernels)"
+    if wanted is None:
+        return list(specs.values()), weights
+    missing = [n for n in wanted if n not in specs]
+    if missing:
+        raise LocalsError(f"cannot run {', '.join(missing)} here: llama.cpp's server needs a GGUF model and "
+                          "`pip install \"llama-cpp-python[server]\"` in locals' environment")
+    return [specs[n] for n in wanted], {n: weights[n] for n in wanted}
+
+
+def traffic_bench(model: str | None, plan_args: dict, wanted: list[str] | None, path: Path,
+                  busy_before: float) -> None:
+    """Run the served-traffic benchmark, save the report to `path` as it goes, print the table."""
+    from locals.engine.bench import machine_info
+    from locals.engine.load import backend as backend_mod
+    from locals.engine.load import catalog
+    from locals.measure import other_cpu_percent
+    from locals.traffic.report import table
+    from locals.traffic.run import Plan, run, save
+
+    backend = backend_mod.detect()
+    name = model or catalog.default_alias(backend.kind, backend.memory_bytes)
+    log_dir = path.with_name(path.stem + "-logs")
+    with tempfile.TemporaryDirectory(prefix="locals-bench-") as scratch:
+        specs, weights = server_specs(name, backend, Path(scratch), wanted)
+        plan = Plan(servers=tuple(specs), **plan_args)
+        extra = {"model": name, "backend": backend.kind, "weights": weights, "command": sys.argv[1:],
+                 "machine": machine_info(), "other_cpu_percent_before": busy_before, "logs": str(log_dir)}
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        with Progress(*columns, console=console_err, transient=True) as progress:
+            task = progress.add_task("starting", total=plan.rounds * len(specs) * len(plan.agents))
+
+            def on_phase(label: str | None) -> None:
+                if label is None:
+                    progress.advance(task)
+                else:
+                    progress.update(task, description=label)
+
+            report = run(plan, log_dir, on_phase, on_round=lambda r: save({**r, **extra}, path))
+    report = {**report, **extra, "other_cpu_percent_after": other_cpu_percent(0.5),
+              "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+    save(report, path)
+    console.print(table(report))
+    for server, what in weights.items():
+        console.print(f"[dim]{server}: {what}[/dim]")
+    console.print(f"report: {path} · server logs: {log_dir}")
