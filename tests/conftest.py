@@ -18,6 +18,15 @@ import pytest
 from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_blas
 
 
+def pytest_addoption(parser):
+    """Sizes of the long chaos tests (tests/chaos/), so a quick look and CI can differ."""
+    group = parser.getgroup("chaos")
+    group.addoption("--crash-rounds", type=int, default=30,
+                    help="kill -9 rounds of the crash-while-writing test (default 30)")
+    group.addoption("--churn-minutes", type=float, default=10.0,
+                    help="how long the 64-client churn test runs (default 10)")
+
+
 def pytest_configure(config):
     """Re-exec with OpenBLAS preloaded (if installed) before any test imports MLX."""
     if not needs_fast_blas_reexec():

@@ -7,12 +7,14 @@ middleware in `app.py` turns it into the JSON body of the API the path belongs t
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from aiohttp import web
 
 from locals.errors import RequestError
 
+_LARGEST_FLOAT = int(sys.float_info.max)
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
                list: "an array", dict: "an object"}
 
@@ -79,6 +81,8 @@ def get(body: dict, key: str, kind: type | tuple[type, ...], default: Any = None
         return default
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > _LARGEST_FLOAT:  # float() would raise OverflowError
+            raise RequestError(f"`{key}` is too large a number: {str(value)[:20]}…")
         return float(value)
     if isinstance(value, bool) and bool not in kinds:
         ok = False

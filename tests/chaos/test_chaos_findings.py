@@ -86,3 +86,18 @@ async def test_a_content_length_over_the_limit_is_refused_before_the_body(client
     head = await reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413")
     writer.close()
+
+
+@pytest.mark.parametrize("path,field", [("/v1/chat/completions", "temperature"),
+                                        ("/v1/messages", "top_p"), ("/api/chat", "options.top_p")])
+async def test_an_integer_too_large_for_a_float_gets_a_400(client, engine, path, field):
+    """`float(10**400)` raises OverflowError (was a 500 from Ollama's options.top_p)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    if field.startswith("options."):
+        body["options"] = {field.removeprefix("options."): 10**400}
+    else:
+        body[field] = 10**400
+    resp = await client.post(path, data=json.dumps(body), headers={"Content-Type": "application/json"})
+    assert resp.status == 400
+    assert "too large a number" in json.dumps(await resp.json())
+    assert engine.requests == []
