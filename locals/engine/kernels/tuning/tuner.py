@@ -20,6 +20,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from locals.atomic_file import write_atomically
 from locals.config import cache_dir
 from locals.engine.kernels import qmm
 from locals.engine.kernels.tuning import clock
@@ -78,27 +79,20 @@ class TuningTable:
 
 
 def tuning_rows(backend: str) -> list[int]:
-    """Row counts worth tuning on `backend`: 2..WIDE_MAX_ROWS on CUDA, 1..MAX_ROWS elsewhere. One
-    row keeps MLX's kernel on CUDA: on the H200 the tensor-core one decoded one stream no faster
-    in two runs (process_spread-gpu-20261130-230055.json, process_spread-gpu-20261201-015852.json)."""
+    """Row counts `locals tune` times on `backend`: on CUDA the row tiles' edges 2, 4, 8, 16 and
+    32 (the counts between take the choice above them in the same tile, registry._fill_in; one
+    row keeps MLX's kernel or takes two rows' choice, `fill_rows`), 1..MAX_ROWS elsewhere."""
     if backend == "cuda":
-        return list(range(2, qmm.WIDE_MAX_ROWS + 1))
+        return [m for m in (2, 4, 8, 16, qmm.WIDE_MAX_ROWS) if m <= qmm.WIDE_MAX_ROWS]
     return list(range(1, qmm.MAX_ROWS + 1))
 
 
 def fill_rows(backend: str) -> list[int]:
-    """Row counts a chosen kernel may serve without being timed there (registry._fill_in): the
-    tunable ones, and on CUDA one row too (from the nearest tuned count above it in the same row
-    tile: two rows in a table tuned at 2, 4, 8, ...; none where MLX's op won there). Alone, the
-    tensor-core kernel read one row no faster than MLX's (see `tuning_rows`), but a row on it
-    takes its folds too (SwiGLU inside gate/up, the residual add + norm inside o_proj and
-    down_proj): on MLX's matmuls a one-row whole step of a random 4-bit Qwen3-4B queued 374
-    primitives, against 229 at eight rows on the folded kernel (H200,
-    step_ops-gpu-20261202-184204.json), and a one-stream step is host-bound: 277 and 312 tok/s
-    against 272 and 270 on MLX's, two processes each (process_spread-gpu-20261202-184921.json).
-    """
-    rows = tuning_rows(backend)
-    return [1, *rows] if backend == "cuda" else rows
+    """Row counts a chosen kernel may serve without being timed there (registry._fill_in): on
+    CUDA every count up to WIDE_MAX_ROWS, one row included (it takes two rows' choice, with its
+    folds: fewer operations a step than MLX's matmuls, and a one-stream step is host-bound;
+    docs/tune.md); elsewhere the tuned ones."""
+    return list(range(1, qmm.WIDE_MAX_ROWS + 1)) if backend == "cuda" else tuning_rows(backend)
 
 
 def current_chip() -> tuple[str, str]:
@@ -141,9 +135,7 @@ def save_table(table: TuningTable) -> Path:
     """Write the table atomically; returns its path."""
     path = table_path(table.chip, table.mlx)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(table), indent=1, sort_keys=True))
-    tmp.replace(path)
+    write_atomically(path, [json.dumps(asdict(table), indent=1, sort_keys=True).encode()])
     return path
 
 
@@ -327,3 +319,11 @@ def model_problems(model) -> list[Problem]:
         if problem is not None:
             seen[problem.key] = problem
     return sorted(seen.values(), key=lambda p: p.n * p.k, reverse=True)
+
+
+def untuned(model, table: TuningTable | None = None) -> int:
+    """(layer shape, row count) pairs of `model` this chip's table has no choice for yet."""
+    table = table if table is not None else load_table()
+    choices = table.choices if table is not None else {}
+    rows = tuning_rows(current_chip()[0])
+    return sum(1 for p in model_problems(model) for m in rows if str(m) not in choices.get(p.key, {}))
