@@ -1,6 +1,6 @@
 """Builds the engine the daemon and the CLI run: the batched Engine plus the features that
 plug into its hooks — the prefix cache on disk, the repetition guard, tuned kernels
-(inside Engine; tuned while idle on an untuned GPU) and a warmed-up constraint vocabulary.
+(inside Engine, from the table `locals tune` writes) and a warmed-up constraint vocabulary.
 
 Tests build bare `Engine`s; everything users run goes through `create_engine`.
 """
@@ -34,7 +34,6 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
         key = model_key(loaded.model_id, loaded.tokenizer, revision=loaded.info.get("revision", ""))
         cache = TieredPrefixCache(memory, DiskPrefixStore(cache_dir() / "prompts", key, disk_cache_bytes))
     engine = Engine(loaded, config, prefix_cache=cache, guards=[repetition_guard_factory(repetition)])
-    engine.idle_work = _background_tuning(loaded, engine) if config.tuned_kernels else None
     _warm_constraints(loaded)
     return engine
 
@@ -48,21 +47,6 @@ def config_from_settings() -> EngineConfig:
     if settings.PREFIX_CACHE_MB.get() is not None:
         config.prefix_cache_bytes = int(settings.PREFIX_CACHE_MB.get() * 2**20)
     return config
-
-
-def _background_tuning(loaded, engine):
-    """Kernel tuning as the engine's idle work on an untuned GPU (None on a CPU or when tuned);
-    the layers it swaps count in the engine's `tuned_layers`."""
-    try:
-        from locals.engine.kernels.tuning.background import background_tuning
-
-        work = background_tuning(loaded)
-        if work is not None:
-            work.on_patch = lambda n: setattr(engine, "patched_layers", engine.patched_layers + n)
-        return work
-    except Exception:  # tuning is an optimisation; MLX's own ops serve meanwhile
-        log.exception("background kernel tuning unavailable")
-        return None
 
 
 def _warm_constraints(loaded) -> None:

@@ -55,12 +55,9 @@ class BatchPlan:
         # broadcast to (2 * tokens, kv_heads, 1) (three Broadcast ops fewer a scatter).
         starts = (np.cumsum(counts) - counts).astype(np.int32)
         within = np.arange(self.tokens, dtype=np.int32) - np.repeat(starts, counts)
-        rows = np.repeat(np.asarray(slots, np.int32), counts)
-        positions = np.repeat(lengths, counts) + within
-        index = np.broadcast_arrays(np.concatenate([rows, rows + batch.rows_cap])[:, None, None],
-                                    np.arange(batch.kv_heads, dtype=np.int32)[None, :, None],
-                                    np.concatenate([positions, positions])[:, None, None])
-        self.index = tuple(mx.array(np.ascontiguousarray(part, dtype=np.int32)) for part in index)
+        self._slots = np.asarray(slots, np.int32)
+        self.index = _scatter_index(np.repeat(self._slots, counts), np.repeat(lengths, counts) + within,
+                                    batch.rows_cap, batch.kv_heads)
         self.width = int(counts.max())
         if self.width == 1:
             self.gather = self.scatter = None
@@ -79,6 +76,21 @@ class BatchPlan:
         self.scatter = mx.array((np.repeat(np.arange(len(counts)) * self.width, counts) + within).astype(np.int32))
         seen = lengths[:, None] + last  # the last position each query may attend to
         self.ragged, self._mask = True, mx.array((np.arange(self.t)[None, None] <= seen[:, :, None])[:, None])
+
+    def padded_step(self, rows: int) -> tuple[mx.array, tuple, mx.array] | None:
+        """(positions, scatter index, meta) of a pure decode step with `rows` rows: the plan's, then
+        rows in free slots at position 0 (their outputs dropped; a row joining later overwrites
+        what they wrote), so the compiled step meets a few row counts only (forward.py's
+        `_whole_step`). None when the batch has too few free slots."""
+        pad, members = rows - len(self.rows), len(self.batch.members)
+        if not pad:
+            return mx.array(self.lengths), self.index, self.meta
+        if members + pad > self.batch.rows_cap:
+            return None
+        slots = np.concatenate([self._slots, np.arange(members, members + pad, dtype=np.int32)])
+        lengths = np.concatenate([self.lengths, np.zeros(pad, np.int32)])
+        index = _scatter_index(slots, lengths, self.batch.rows_cap, self.batch.kv_heads)
+        return mx.array(lengths), index, mx.array(np.concatenate([slots, lengths + 1]))
 
     @property
     def mask(self) -> mx.array | None:
@@ -110,3 +122,12 @@ class BatchPlan:
         """Count the pass's tokens into each row's length (after the last layer wrote them)."""
         for r in self.rows:
             r.kv.length += r.n
+
+
+def _scatter_index(slots: np.ndarray, positions: np.ndarray, rows_cap: int, kv_heads: int) -> tuple:
+    """The scatter index of new tokens' keys then values: (slot row, head, position) arrays,
+    each (2 * tokens, kv_heads, 1) int32."""
+    index = np.broadcast_arrays(np.concatenate([slots, slots + rows_cap])[:, None, None],
+                                np.arange(kv_heads, dtype=np.int32)[None, :, None],
+                                np.concatenate([positions, positions])[:, None, None])
+    return tuple(mx.array(np.ascontiguousarray(part, dtype=np.int32)) for part in index)

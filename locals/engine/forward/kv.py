@@ -159,12 +159,12 @@ class DecodeBatch:
         if not self.kv:
             if k_dim != v_dim:  # llama/qwen-family layers (the only ones batched) have k_dim == v_dim
                 raise ValueError(f"keys of width {k_dim} and values of width {v_dim} cannot share one array")
-            self.rows_cap, self.t_cap = max(rows, 4), _round_up(t)
+            self.rows_cap, self.t_cap = row_capacity(rows), _round_up(t)
             self.kv = [mx.zeros((2 * self.rows_cap, kv_heads, self.t_cap, k_dim), dtype)
                        for _ in range(self.n_layers)]
             return
         if rows > self.rows_cap:
-            self._resize(max(rows, 2 * self.rows_cap), self.t_cap)
+            self._resize(row_capacity(rows), self.t_cap)
         if t > self.t_cap:
             self._resize(self.rows_cap, _round_up(t))
 
@@ -208,7 +208,19 @@ class DecodeBatch:
 
 
 def _round_up(t: int) -> int:
-    return (t + T_STEP - 1) // T_STEP * T_STEP
+    """The token capacity for `t` positions: powers of two from T_STEP and one and a half times
+    each (256, 384, 512, 768, 1024, 1536, …), at most 1.5× the positions held. Each capacity is
+    a shape of the compiled decode step: few of them, so they can be compiled before they are
+    needed (docs/arch/engine.md, "Shapes")."""
+    cap = T_STEP
+    while cap < t:
+        cap = cap * 3 // 2 if cap & (cap - 1) == 0 else cap * 4 // 3
+    return cap
+
+
+def row_capacity(rows: int) -> int:
+    """Slots for `rows` rows: a power of two, at least 4 (a shape of the compiled decode step)."""
+    return max(4, 1 << (max(rows, 1) - 1).bit_length())
 
 
 def kv_bytes_per_token(model) -> int:
