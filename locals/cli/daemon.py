@@ -62,19 +62,27 @@ def serve(
     max_tokens: Optional[int] = typer.Option(
         None, "--max-tokens", envvar=settings.MAX_TOKENS.name, min=1,
         help="Longest reply any request gets, whatever it asks (clients such as Codex send no limit)."),
+    overflow: str = typer.Option(
+        "refuse", "--overflow",
+        help="A conversation longer than the model's context: `refuse` it (a 400) or `trim` it (the oldest "
+             "tool results dropped, with a marker; a request's `truncation` field overrides)."),
     log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),
 ) -> None:
     """Run the server in the foreground (takes mlx_lm.server's --model/--host/--port)."""
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         raise LocalsError(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+    from locals.server.overflow import POLICIES
+
+    if overflow not in POLICIES:
+        raise LocalsError(f"--overflow {overflow!r}: use {' or '.join(POLICIES)}")
     prepare_model_process()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from locals.server.run import serve as run_server
 
     try:
         run_server(model, host, port, api_key=api_key, allow_remote=allow_remote, max_body_mb=max_body_mb,
-                   max_tokens=max_tokens, on_bound=lambda _: daemon.mark_serving(port, host, model))
+                   max_tokens=max_tokens, overflow=overflow, on_bound=lambda _: daemon.mark_serving(port, host, model))
     finally:
         daemon.unmark_serving(port)
 

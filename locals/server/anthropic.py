@@ -19,6 +19,7 @@ from locals.server.backend import Chat, Done, Text, guard_detail, start
 from locals.server.wire import get, read_json, stop_list
 from locals.server.messages import DEFAULT_MAX_TOKENS, assistant_call, function_tool, text_of
 from locals.server.callers import caller_of
+from locals.server.overflow import policy_of_truncation
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -154,7 +155,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
     if max_tokens < 1:
         raise RequestError("`max_tokens` must be at least 1")
     converted = chat_messages(body)
-    chat = Chat(api="anthropic", caller=caller_of(request, body), messages=converted,
+    chat = Chat(api="anthropic", caller=caller_of(request, body),
+                overflow=policy_of_truncation(body.get("truncation")), messages=converted,
                 tools=chat_tools(body.get("tools")),
                 continue_final=_prefill(converted), tool_choice=tool_choice_of(body.get("tool_choice")),
                 parallel_tool_calls=not (body.get("tool_choice") or {}).get("disable_parallel_tool_use", False),

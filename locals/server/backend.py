@@ -19,6 +19,7 @@ from locals import toolloop
 from locals.errors import RequestError, TooLarge
 from locals.protocol import (EngineStats, FinishEvent, GenerationRequest, SamplingParams,
                              TokenLogprob, Usage)
+from locals.server import overflow
 from locals.server.activity import STEERED, Activity, RequestRecord
 from locals.server.callers import Caller, conversation_key, title_of
 from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
@@ -46,6 +47,7 @@ class Chat:
     prompt_tokens: int = 0  # set once prepared (Anthropic's message_start reports it)
     continue_final: bool = False  # the last message is the assistant's start (a prefill): continue it
     caller: Caller = field(default_factory=Caller)  # who sent it, for the conversations view
+    overflow: str | None = None  # the request's own overflow policy (its `truncation`); None: the server's
 
     @property
     def parses_tools(self) -> bool:
@@ -94,7 +96,8 @@ class Backend:
 
     def __init__(self, loaded: Any, engine: Any, *, render: Callable | None = None,
                  constrain: Callable | None = None, activity: Activity | None = None,
-                 boundaries: Callable | None = None, max_tokens: int | None = None):
+                 boundaries: Callable | None = None, max_tokens: int | None = None,
+                 overflow_policy: str = "refuse"):
         if render is None or constrain is None:
             from locals.engine import build_constraint, render_prompt
             render = render or render_prompt
@@ -109,6 +112,7 @@ class Backend:
         self.tool_format = tool_format_of(loaded)
         self.activity = activity or Activity()
         self.max_tokens = max_tokens  # the server's cap on any reply (`serve --max-tokens`), None: none
+        self.overflow = overflow_policy  # what a conversation past the context gets (`serve --overflow`)
 
     @property
     def name(self) -> str:
@@ -156,14 +160,13 @@ class Backend:
         if chat.prompt is not None:
             tokens = list(self.loaded.tokenizer.encode(chat.prompt))
         else:
-            tokens = self.encode_chat(chat.messages or [], chat.tools, chat.continue_final)
+            tokens = self._fit(chat, self.encode_chat(chat.messages or [], chat.tools, chat.continue_final))
             points = self._boundaries(self.loaded, chat.messages or [], chat.tools, tokens)
         sampling = chat.sampling
         if self.context_length:
             room = self.context_length - len(tokens)
             if room <= 0:
-                raise RequestError(f"the prompt is {len(tokens)} tokens but the model's context "
-                                   f"is {self.context_length}; shorten the conversation")
+                raise RequestError(overflow.refusal(len(tokens), self.context_length))
             sampling.max_tokens = max(1, min(sampling.max_tokens, room))
         if self.max_tokens:
             sampling.max_tokens = min(sampling.max_tokens, self.max_tokens)
@@ -177,6 +180,23 @@ class Backend:
         return GenerationRequest(prompt_tokens=tokens, sampling=sampling, constraint=constraint,
                                  cache_points=points,
                                  meta={"api": chat.api, "raw": chat.prompt is not None or chat.continue_final})
+
+    def _fit(self, chat: Chat, tokens: list[int]) -> list[int]:
+        """Under the overflow policy `trim`, a conversation that leaves its reply too little room
+        trimmed (chat.messages replaced, what went logged); otherwise `tokens` as they are."""
+        reply = min(chat.sampling.max_tokens, self.max_tokens or chat.sampling.max_tokens)
+        if ((chat.overflow or self.overflow) != "trim" or not self.context_length
+                or not overflow.needs_trimming(len(tokens), self.context_length, reply)):
+            return tokens
+        fitted = overflow.fit(
+            chat.messages or [], lambda messages: self.encode_chat(messages, chat.tools, chat.continue_final),
+            lambda text: len(self.loaded.tokenizer.encode(text, add_special_tokens=False)), self.context_length)
+        if len(fitted.tokens) >= self.context_length:
+            raise RequestError(overflow.unfittable(len(tokens), self.context_length, len(fitted.tokens)))
+        log.warning("%s prompt of %d tokens trimmed to %d for the %d-token context (overflow policy trim): "
+                    "dropped %s", chat.api, len(tokens), len(fitted.tokens), self.context_length, fitted.summary())
+        chat.messages = fitted.messages
+        return fitted.tokens
 
     async def run(self, chat: Chat, announce: bool = False) -> AsyncIterator[Output]:
         """Stream a chat's outputs; closing the iterator early cancels it in the engine.

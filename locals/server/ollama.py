@@ -17,6 +17,7 @@ from locals.server.backend import Backend, Chat, Done, Text, guard_detail, start
 from locals.server.wire import get, read_json, stop_list
 from locals.server.messages import DEFAULT_MAX_TOKENS, assistant_call, openai_tools, text_of
 from locals.server.callers import caller_of
+from locals.server.overflow import policy_of_truncation
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -156,7 +157,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
     sampling = _sampling(body)  # a malformed `options` is a 400 even with nothing to generate
     if body.get("messages") in (None, []):  # `ollama run` preloads with an empty chat
         return _load_reply(body, _model(body, backend), "message")
-    request_chat = Chat(api="ollama", caller=caller_of(request, body), messages=_messages(body.get("messages")),
+    request_chat = Chat(api="ollama", caller=caller_of(request, body),
+                        overflow=policy_of_truncation(body.get("truncation")), messages=_messages(body.get("messages")),
                         tools=openai_tools(body.get("tools")),
                         json_schema=_format_schema(body.get("format")), sampling=sampling)
     return await _reply(request, backend, request_chat, _model(body, backend),

@@ -17,6 +17,7 @@ from locals.server.messages import (DEFAULT_MAX_TOKENS, openai_messages, openai_
                                     openai_tools, schema_of_response_format,
                                     strict_response_format)
 from locals.server.callers import caller_of
+from locals.server.overflow import policy_of_truncation
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -79,7 +80,8 @@ def _model_name(body: dict, backend: Backend) -> str:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     backend = backend_of(request)
     body = await read_json(request)
-    chat = Chat(api="openai", caller=caller_of(request, body), messages=openai_messages(body.get("messages")),
+    chat = Chat(api="openai", caller=caller_of(request, body),
+                overflow=policy_of_truncation(body.get("truncation")), messages=openai_messages(body.get("messages")),
                 tools=openai_tools(body.get("tools")),
                 tool_choice=openai_tool_choice(body.get("tool_choice")),
                 json_schema=schema_of_response_format(body.get("response_format")),

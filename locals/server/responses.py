@@ -20,6 +20,7 @@ from locals.server.messages import (assistant_call, openai_tool_choice, openai_t
                                     schema_of_response_format, strict_response_format, text_of)
 from locals.server.openai import sampling_of
 from locals.server.callers import caller_of
+from locals.server.overflow import policy_of_truncation
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -103,7 +104,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     backend = backend_of(request)
     body = await read_json(request)
     text_opts = get(body, "text", dict, {})
-    chat = Chat(api="responses", caller=caller_of(request, body), messages=input_messages(body),
+    chat = Chat(api="responses", caller=caller_of(request, body),
+                overflow=policy_of_truncation(body.get("truncation")), messages=input_messages(body),
                 tools=openai_tools(body.get("tools")),
                 tool_choice=openai_tool_choice(body.get("tool_choice")),
                 json_schema=schema_of_response_format(text_opts.get("format")),

@@ -49,14 +49,15 @@ def check_bind(host: str, allow_remote: bool) -> None:
 
 def serve(model: str | None, host: str, port: int, *, api_key: str | None = None,
           allow_remote: bool = False, max_body_mb: int = 32, max_tokens: int | None = None,
-          on_bound=None) -> None:
+          overflow: str = "refuse", on_bound=None) -> None:
     """Serve until a stop signal; `on_bound(state)` runs once the port is listening."""
     check_bind(host, allow_remote)
     if allow_remote and not is_loopback(host):
         log.warning("serving on %s:%s: any machine that reaches it can use the model%s", host, port,
                     "" if api_key else " (no --api-key set)")
     state = ServerState(model=model or "the default model", api_key=api_key,
-                        allow_remote=allow_remote, max_body_mb=max_body_mb, max_tokens=max_tokens)
+                        allow_remote=allow_remote, max_body_mb=max_body_mb, max_tokens=max_tokens,
+                        overflow=overflow)
     exit_error = asyncio.run(_serve(state, model, host, port, on_bound))
     if exit_error:
         raise LocalsError(exit_error)
@@ -112,7 +113,7 @@ async def _load(state: ServerState, model: str | None):
     engine = await _in_daemon_thread(create_engine, loaded)
     engine.start()
     state.model = loaded.name
-    state.backend = Backend(loaded, engine, max_tokens=state.max_tokens)
+    state.backend = Backend(loaded, engine, max_tokens=state.max_tokens, overflow_policy=state.overflow)
     log.info("serving %s (%s) loaded in %.1f s", loaded.name, loaded.model_id, loaded.load_seconds)
     return engine, None
 

@@ -25,6 +25,7 @@ class ServerState:
     allow_remote: bool = False
     max_body_mb: int = 32
     max_tokens: int | None = None  # cap on every reply, whatever the request asks
+    overflow: str = "refuse"  # what a conversation past the context gets (locals/server/overflow.py)
 
 
 STATE = web.AppKey("locals_state", ServerState)
