@@ -19,35 +19,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import interleaved, load_pair, no_eos, prompts, ragged, summary, write_results  # noqa: E402
+from benchmarks.common import (bench_engine, interleaved, load_pair, no_eos, prompts, ragged, summary,  # noqa: E402
+                               write_results)
 from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.bench import run_locals, run_mlx_lm  # noqa: E402
 
 
-# Variants of locals on the same engine with one part switched off: flag -> (runner name,
-# the module and context manager that switch it off, help).
-SWITCHED_OFF = {
-    "untuned": ("locals-untuned", "locals.engine.kernels", "mlx_ops_only",
-                "also run locals with MLX's own matmuls (no tuned kernels), when this chip is tuned"),
-    "mlx_attention": ("locals-mlx-attention", "locals.engine.kernels.decode_attention", "mlx_attention",
+# Variants of locals with one part turned off, each an engine of its own on the same weights:
+# flag -> (runner name, how its engine differs (bench_engine's arguments), help).
+BASELINES = {
+    "untuned": ("locals-untuned", {"untuned": True},
+                "also run locals with MLX's own ops (no tuned or fused kernels), when this chip is tuned"),
+    "mlx_attention": ("locals-mlx-attention", {"decode_attention": False},
                       "also run locals with MLX's attention in decode steps (no decode attention kernel)"),
-    "ungated": ("locals-ungated", "locals.engine.kernels.registry", "ungated",
+    "ungated": ("locals-ungated", {"gated": False},
                 "also run locals with SwiGLU as MLX's op instead of inside the gate/up kernel"),
-    "seams": ("locals-seams", "locals.engine.forward.compiled", "seams_only",
+    "seams": ("locals-seams", {"whole_steps": False},
               "also run locals with decode steps as compiled seams around eager attention, not one "
               "compiled graph a step"),
-    "scatter": ("locals-scatter", "locals.engine.kernels.headprep", "scattered",
+    "scatter": ("locals-scatter", {"cache_writes": False},
                 "also run locals with whole steps storing K/V with a scatter a layer, not written by the "
                 "q/k head kernel"),
 }
-
-
-def switched_off(module: str, name: str, engine, prompts, tokens):
-    """locals with one part switched off (`module.name()`, a context manager), same engine."""
-    import importlib
-
-    with getattr(importlib.import_module(module), name)():
-        return run_locals(engine, prompts, tokens)
 
 
 def parse_args() -> argparse.Namespace:
@@ -63,7 +56,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--with-lookup", action="store_true",
                     help="also run locals with prompt-lookup drafts on ('locals' runs without: this "
                          "benchmark measures batching; random weights repeat themselves, which drafts exploit)")
-    for flag, (_, _, _, text) in SWITCHED_OFF.items():
+    for flag, (_, _, text) in BASELINES.items():
         ap.add_argument(f"--{flag.replace('_', '-')}-baseline", action="store_true", help=text)
     ap.add_argument("--unfused-baseline", action="store_true",
                     help="also run locals on a second copy of the model whose q/k/v and gate/up linears "
@@ -73,19 +66,12 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def runners_for(args, engine, lookup, unfused, ours, theirs, ps) -> dict:
-    """The variants timed at one batch size, by name."""
-    runners = {
-        "locals": lambda: run_locals(engine, ps, args.tokens),
-        "mlx-lm": lambda: run_mlx_lm(theirs, ps, args.tokens),
-    }
-    for flag, (name, module, switch, _) in SWITCHED_OFF.items():
-        if getattr(args, f"{flag}_baseline"):
-            runners[name] = lambda m=module, f=switch: switched_off(m, f, engine, ps, args.tokens)
-    if unfused is not None:
-        runners["locals-unfused"] = lambda: run_locals(unfused, ps, args.tokens)
-    if lookup is not None:
-        runners["locals-lookup"] = lambda: run_locals(lookup, ps, args.tokens)
+def runners_for(args, engines: dict, ours, theirs, ps) -> dict:
+    """The variants timed at one batch size, by name (`engines`: locals' variants by runner name)."""
+    runners = {"locals": lambda: run_locals(engines["locals"], ps, args.tokens),
+               "mlx-lm": lambda: run_mlx_lm(theirs, ps, args.tokens)}
+    runners.update({name: (lambda e=engine: run_locals(e, ps, args.tokens))
+                    for name, engine in engines.items() if name != "locals"})
     if args.dense_baseline and args.random_model is None:
         runners["mlx-lm-dense"] = lambda: run_mlx_lm(ours.model, ps, args.tokens)
     return runners
@@ -110,18 +96,20 @@ def main() -> None:
 
     ours, theirs, label = load_pair(args.random_model)
     ours = no_eos(ours)
-    engine = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
-    engine.start()
+    engine = bench_engine(ours)
     print(f"locals: {engine.patched_layers} layers use tuned kernels", flush=True)
-    lookup = None
+    engines = {"locals": engine}
+    for flag, (name, differs, _) in BASELINES.items():
+        if getattr(args, f"{flag}_baseline"):
+            engines[name] = bench_engine(ours, **differs)
     if args.with_lookup:
-        lookup = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256))
-        lookup.start()
-    unfused = None
+        engines["locals-lookup"] = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256))
+        engines["locals-lookup"].start()
     if args.unfused_baseline:  # the same weights again (random models are seeded), left as loaded
-        unfused = Engine(no_eos(load_pair(args.random_model)[0]),
-                         EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False, fuse_projections=False))
-        unfused.start()
+        engines["locals-unfused"] = Engine(no_eos(load_pair(args.random_model)[0]),
+                                           EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False,
+                                                        fuse_projections=False))
+        engines["locals-unfused"].start()
     rows, path = [], None
 
     def save():
@@ -135,7 +123,7 @@ def main() -> None:
         for batch in [int(b) for b in args.batches.split(",")]:
             ps = ragged(prompts(ours.tokenizer, batch, args.prompt_len + args.length_spread, seed=batch),
                         args.prompt_len, args.length_spread)
-            res = interleaved(args.rounds, runners_for(args, engine, lookup, unfused, ours, theirs, ps))
+            res = interleaved(args.rounds, runners_for(args, engines, ours, theirs, ps))
             row = {"batch": batch}
             for name, runs in res.items():
                 row[name] = {key: summary([r[key] for r in runs]) for key in ("decode_tps", "ttft_s", "all_rows_tps")
@@ -148,9 +136,8 @@ def main() -> None:
             print(f"B={batch:3d}  {line}", flush=True)
             path = save()  # after each batch size: a run cut short keeps what it measured
     finally:
-        for e in (engine, lookup, unfused):
-            if e is not None:
-                e.stop()
+        for e in engines.values():
+            e.stop()
     print(f"results: {path}")
 
 

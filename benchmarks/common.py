@@ -23,18 +23,39 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def as_peer(run):
-    """Wrap a peer's runner: it keeps MLX's own matmuls even where locals' engine swapped
-    tuned kernels into the shared model object."""
+    """Wrap a peer's runner whose first argument is the model: it runs on the model's twin with
+    MLX's own ops (kernels/twin.py), whatever tuned kernels locals' engine swapped into the model."""
     import functools
 
-    from locals.engine.kernels import mlx_ops_only
+    from locals.engine.kernels import mlx_ops_twin
 
     @functools.wraps(run)
-    def wrapped(*args, **kwargs):
-        with mlx_ops_only():
-            return run(*args, **kwargs)
+    def wrapped(model, *args, **kwargs):
+        return run(mlx_ops_twin(model), *args, **kwargs)
 
     return wrapped
+
+
+def bench_engine(loaded, *, untuned: bool = False, profile=None, on_queue=None, **choices):
+    """A started Engine as the benchmarks run it (no prompt cache, no drafts, up to 256 rows), its
+    forward passes made with `choices` (ForwardChoices fields); `untuned`: MLX's own ops, on a twin
+    of the model (the same weights, none of the kernels another engine patched into it).
+    `profile` and `on_queue`: the step runner's hooks (locals/engine/step.py)."""
+    import dataclasses
+
+    from locals.engine.engine import Engine
+    from locals.engine.forward.choices import ForwardChoices
+    from locals.engine.kernels import mlx_ops_twin
+    from locals.engine.settings import EngineConfig
+
+    if untuned:
+        loaded = dataclasses.replace(loaded, model=mlx_ops_twin(loaded.model))
+    config = EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False, tuned_kernels=not untuned,
+                          forward=ForwardChoices(**choices))
+    engine = Engine(loaded, config)
+    engine.runner.profile, engine.runner.on_queue = profile, on_queue
+    engine.start()
+    return engine
 
 
 def ragged(ps: list[list[int]], shortest: int, spread: int) -> list[list[int]]:

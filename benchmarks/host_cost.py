@@ -13,16 +13,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
-from benchmarks.common import byte_tokenizer, no_eos, prompts, write_results  # noqa: E402
-from benchmarks.step_profile import StepClock, ModuleProxy  # noqa: E402
-from locals.engine import step as step_module  # noqa: E402
+from benchmarks.common import bench_engine, byte_tokenizer, no_eos, prompts, write_results  # noqa: E402
+from benchmarks.step_ops import OpNames  # noqa: E402
+from benchmarks.step_profile import StepClock  # noqa: E402
 from locals.engine.bench import run_locals  # noqa: E402
 
 
@@ -45,24 +44,6 @@ def tiny_qwen3(layers: int = 2):
                        backend=backend.detect())
 
 
-class OpCounter:
-    """Counts the primitives in each graph the step runner queues (through its `mx.async_eval`)."""
-
-    def __init__(self):
-        self.counts: list[int] = []
-        real = mx.async_eval
-
-        def counting(*arrays):
-            with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
-                mx.export_to_dot(f.name, *arrays)
-                self.counts.append(sum("shape=rectangle" in line for line in f))
-            return real(*arrays)
-
-        proxy = ModuleProxy(mx)
-        proxy.async_eval = counting
-        step_module.mx = proxy
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", default="1,8,32")
@@ -71,13 +52,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2, help="decoder layers (36: Qwen3-4B's count, per-layer cost)")
     args = ap.parse_args()
 
-    from locals.engine.engine import Engine
-    from locals.engine.settings import EngineConfig
-
     model = no_eos(tiny_qwen3(args.layers))
-    engine = Engine(model, EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
-    clock = StepClock(engine.runner, engine)
-    engine.start()
+    clock, ops = StepClock(), OpNames()
+    engine = bench_engine(model, profile=clock.record, on_queue=ops)
     rows = []
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
@@ -91,11 +68,11 @@ def main() -> None:
             rows.append({"batch": batch, **{f"{part}_ms": statistics.median(r[part] for r in runs)
                                             for part in ("step", "forward", "async_eval")},
                          "step_ms_runs": [r["step"] for r in runs], "forward_ms_runs": [r["forward"] for r in runs]})
-        ops = OpCounter()
+        ops.on = True  # counted apart from the timed runs: writing the dot files costs time
         for row in rows:
-            ops.counts.clear()
+            ops.steps.clear()
             run_locals(engine, prompts(model.tokenizer, row["batch"], 16, seed=row["batch"]), 24)
-            row["ops_per_step"] = statistics.median(ops.counts)
+            row["ops_per_step"] = statistics.median(sum(step.values()) for step in ops.steps)
             print(f"B={row['batch']:3d} step {row['step_ms']:.3f} ms (building the graph in Python "
                   f"{row['forward_ms']:.3f}, queuing it {row['async_eval_ms']:.3f})  ops/step "
                   f"{row['ops_per_step']:.0f}", flush=True)

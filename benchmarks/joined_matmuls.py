@@ -1,7 +1,7 @@
 """Joined q/k/v and gate/up matmuls (locals/engine/forward/fuse.py) against the parts, per batch size:
-engine decode tok/s with each of `layer_pass.JOINED_MAX_TOKENS`'s settings, with the fused
-kernels (kernels/fused.py: q/k norm + RoPE, add + norm; where attached) and with MLX's ops for
-them ("-mlx-ops"), interleaved rounds.
+engine decode tok/s with joined matmuls up to several token counts a pass (ForwardChoices'
+`joined_*_max_tokens`), with the fused kernels (kernels/fused.py: q/k norm + RoPE, add + norm;
+where attached) and with MLX's ops for them ("-mlx-ops"), an engine a variant, interleaved rounds.
 
     python benchmarks/joined_matmuls.py --random-model qwen3-4b --batches 1,4,8,16 --separate
 """
@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import interleaved, load_pair, no_eos, prompts, summary, write_results  # noqa: E402
-from locals.engine.forward import layer_pass  # noqa: E402
+from benchmarks.common import bench_engine, interleaved, load_pair, no_eos, prompts, summary, write_results  # noqa: E402
 from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.bench import run_locals  # noqa: E402
-from locals.engine.kernels.fused import mlx_ops  # noqa: E402
 
 ALWAYS, NEVER = 1 << 30, 0
 # name -> (q/k/v joined up to this many tokens a pass, gate/up joined up to, fused kernels)
@@ -32,16 +29,11 @@ VARIANTS = {
 }
 
 
-def with_setting(engine, setting: tuple[int, int, bool], ps, tokens: int) -> dict:
-    """One batch through `engine` with the joined matmuls used up to `setting` tokens a pass,
-    and the fused kernels or MLX's ops for them."""
-    saved = dict(layer_pass.JOINED_MAX_TOKENS)
-    layer_pass.JOINED_MAX_TOKENS.update(fused_qkv=setting[0], fused_gate_up=setting[1])
-    try:
-        with nullcontext() if setting[2] else mlx_ops():
-            return run_locals(engine, ps, tokens)
-    finally:
-        layer_pass.JOINED_MAX_TOKENS.update(saved)
+def variant_engine(loaded, setting: tuple[int, int, bool]):
+    """An engine with the joined matmuls used up to `setting` tokens a pass, and the fused kernels
+    or MLX's ops for them."""
+    qkv, gate_up, fused = setting
+    return bench_engine(loaded, joined_qkv_max_tokens=qkv, joined_gate_up_max_tokens=gate_up, fused=fused)
 
 
 def main() -> None:
@@ -62,22 +54,21 @@ def main() -> None:
     from locals.engine.settings import EngineConfig
 
     ours, _theirs, label = load_pair(args.random_model)
-    engine = Engine(no_eos(ours), EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
-    engine.start()
-    separate = None
+    ours = no_eos(ours)
+    engines = {name: variant_engine(ours, setting) for name, setting in VARIANTS.items()}
+    engine = engines["joined"]
     if args.separate:
-        separate = Engine(no_eos(load_pair(args.random_model)[0]),
-                          EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False, fuse_projections=False))
-        separate.start()
+        engines["separate"] = Engine(no_eos(load_pair(args.random_model)[0]),
+                                     EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False,
+                                                  fuse_projections=False))
+        engines["separate"].start()
     print(f"locals: {engine.fused_groups} groups joined, {engine.patched_layers} layers use tuned kernels, "
           f"fused kernels in {engine.fused_kernel_layers} layers", flush=True)
     rows, path = [], None
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
             ps = prompts(ours.tokenizer, batch, args.prompt_len, seed=batch)
-            runners = {name: (lambda s=s: with_setting(engine, s, ps, args.tokens)) for name, s in VARIANTS.items()}
-            if separate is not None:
-                runners["separate"] = lambda: run_locals(separate, ps, args.tokens)
+            runners = {name: (lambda e=e: run_locals(e, ps, args.tokens)) for name, e in engines.items()}
             res = interleaved(args.rounds, runners)
             row = {"batch": batch, **{n: {"decode_tps": summary([r["decode_tps"] for r in runs])}
                                       for n, runs in res.items()}}
@@ -88,9 +79,8 @@ def main() -> None:
                                                     "tuned_layers": engine.patched_layers,
                                                     "fused_kernel_layers": engine.fused_kernel_layers}, path)
     finally:
-        for e in (engine, separate):
-            if e is not None:
-                e.stop()
+        for e in engines.values():
+            e.stop()
     print(f"results: {path}")
 
 

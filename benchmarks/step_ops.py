@@ -20,30 +20,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import mlx.core as mx  # noqa: E402
 
-from benchmarks.common import load_pair, no_eos, prompts, write_results  # noqa: E402
-from benchmarks.step_profile import ModuleProxy, variant  # noqa: E402
-from locals.engine import step as step_module  # noqa: E402
+from benchmarks.common import bench_engine, load_pair, no_eos, prompts, write_results  # noqa: E402
+from benchmarks.step_profile import VARIANTS  # noqa: E402
 from locals.engine.bench import run_locals  # noqa: E402
 
 LABEL = re.compile(r'label ="([^"]+)", shape=rectangle')
 
 
 class OpNames:
-    """Counts each primitive name in every graph the step runner queues."""
+    """Counts each primitive name in every graph the step runner queues (its `on_queue` hook)."""
 
     def __init__(self):
         self.steps: list[collections.Counter] = []
-        real = mx.async_eval
+        self.on = False  # counting only the measured run
 
-        def counting(*arrays):
+    def __call__(self, *arrays) -> None:
+        if self.on:
             with tempfile.NamedTemporaryFile("r", suffix=".dot") as f:
                 mx.export_to_dot(f.name, *arrays)
                 self.steps.append(collections.Counter(LABEL.findall(f.read())))
-            return real(*arrays)
-
-        proxy = ModuleProxy(mx)
-        proxy.async_eval = counting
-        step_module.mx = proxy
 
     def median_step(self) -> collections.Counter:
         """The step whose total sits at the median of the run's steps (steady decoding)."""
@@ -56,32 +51,31 @@ def main() -> None:
     ap.add_argument("--random-model", default=None, help="qwen3-4b on a GPU; qwen3-tiny tries it on a CPU")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--variants", default="locals,seams", help="which of locals, seams, scatter, no-compile, mlx-ops")
+    ap.add_argument("--variants", default="locals,seams", help=f"which of {', '.join(VARIANTS)}")
     args = ap.parse_args()
 
-    from locals.engine.engine import Engine
-    from locals.engine.settings import EngineConfig
-
     ours = no_eos(load_pair(args.random_model)[0])
-    engine = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
-    engine.start()
+    names = OpNames()
+    # Engines that patch the model first: an untuned one runs on the patched model's twin.
+    variants = sorted(args.variants.split(","), key=lambda n: "untuned" in VARIANTS[n])
+    engines = {name: bench_engine(ours, **VARIANTS[name], on_queue=names) for name in variants}
     rows = []
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
             ps = prompts(ours.tokenizer, batch, 64, seed=batch)
-            for name in args.variants.split(","):
-                with variant(name):
-                    run_locals(engine, ps, args.tokens)  # traces this shape
-                    names = OpNames()
-                    run_locals(engine, ps, args.tokens)
-                    step_module.mx = mx
+            for name, engine in engines.items():
+                run_locals(engine, ps, args.tokens)  # traces this shape
+                names.steps.clear()
+                names.on = True
+                run_locals(engine, ps, args.tokens)
+                names.on = False
                 step = names.median_step()
                 rows.append({"batch": batch, "variant": name, "ops": sum(step.values()), "by_name": dict(step)})
                 print(f"B={batch:3d} {name}: {sum(step.values())} ops  " +
                       ", ".join(f"{k} {v}" for k, v in step.most_common()), flush=True)
     finally:
-        step_module.mx = mx
-        engine.stop()
+        for engine in engines.values():
+            engine.stop()
     print("results:", write_results("step_ops", {"random_model": args.random_model, "rows": rows}))
 
 

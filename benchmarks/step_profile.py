@@ -1,8 +1,8 @@
 """Where a decode step's time goes in locals' engine: Python building the step's graph
 (launch = forward + sample graph building + async_eval queuing it), waiting for the device
-(wait), Python reading the tokens back (process), the loop's other parts (drain, admit,
-next_step, reap) and garbage collection, per batch size; as shipped, without compiled
-layers, and without tuned kernels (if tuned).
+(wait), Python reading the tokens back (process), the loop's other parts (loop: drain, admit,
+scheduling, reaping) and garbage collection, per batch size; as shipped, and with parts turned
+off (an engine a variant, on the same weights).
 
 With pipelining, the device runs step n while Python builds step n+1. A large `wait`
 means the step is device-bound, but a small one does not prove it host-bound: MLX blocks
@@ -15,7 +15,6 @@ a graph of 20 kernels), so device time can show up in `launch`. A native profile
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import statistics
 import sys
@@ -24,71 +23,42 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import mlx.core as mx  # noqa: E402
-
-from benchmarks.common import load_pair, no_eos, prompts, ragged, write_results  # noqa: E402
+from benchmarks.common import bench_engine, load_pair, no_eos, prompts, ragged, write_results  # noqa: E402
 from locals.engine.bench import run_locals  # noqa: E402
-from locals.engine.step import StepRunner  # noqa: E402
+
+# name -> how its engine differs from locals as shipped (bench_engine's arguments)
+VARIANTS = {
+    "locals": {},
+    "seams": {"whole_steps": False},  # compiled seams around eager attention, not one graph a step
+    "scatter": {"cache_writes": False},  # whole steps store K/V with a scatter, not from the q/k kernel
+    "no-compile": {"compile_max_tokens": 0},  # no compiled graphs
+    "mlx-ops": {"untuned": True},  # MLX's own ops (run only where this chip is tuned)
+}
 
 
 class StepClock:
-    """Wraps a StepRunner's launch/process, and the engine loop's other parts, to time each
-    phase of every step; also the time Python's garbage collector ran."""
+    """The step runner's profiling hook (`StepRunner.profile`): each phase of every step, the
+    time between steps read back, and the time Python's garbage collector ran."""
 
-    LOOP_PARTS = ("_drain", "_admit", "_reap", "_sync_for_masks", "_sync_for_drafts")
+    STEP_PARTS = ("launch", "wait", "process")  # the rest of a step is the engine loop's own work
 
-    def __init__(self, runner: StepRunner, engine=None):
-        self.samples: dict[str, list[float]] = {"launch": [], "wait": [], "process": []}
+    def __init__(self):
+        self.samples: dict[str, list[float]] = {}
         self.marks: list[float] = []
+        self._timed = 0.0  # seconds of STEP_PARTS since the last step was read
         self.gc_s, self._gc_start = 0.0, 0.0
-        launch, process = runner.launch, runner.process
-        if engine is not None:
-            for part in self.LOOP_PARTS:
-                self._wrap(engine, part)
-            self._wrap(engine.scheduler, "next_step")
-            # Inside launch: building the model's graph, building sampling's, and MLX
-            # queuing the work (async_eval: its own graph walk and kernel dispatch).
-            from locals.engine import step as step_module
-
-            self._wrap(step_module, "forward")
-            self._wrap(step_module, "sample")
-            queue = ModuleProxy(step_module.mx)
-            self._wrap(queue, "async_eval")
-            step_module.mx = queue
         gc.callbacks.append(self._on_gc)
 
-        def timed_launch(slots):
-            t = time.perf_counter()
-            out = launch(slots)
-            self.samples["launch"].append(time.perf_counter() - t)
-            return out
-
-        def timed_process(step):
-            t = time.perf_counter()
-            if step.sampled is not None:
-                mx.eval(step.sampled.tokens)
-            t1 = time.perf_counter()
-            out = process(step)
-            t2 = time.perf_counter()
-            self.samples["wait"].append(t1 - t)
-            self.samples["process"].append(t2 - t1)
-            self.marks.append(t2)
-            return out
-
-        runner.launch, runner.process = timed_launch, timed_process
-
-    def _wrap(self, owner, name: str) -> None:
-        fn = getattr(owner, name)
-        self.samples[name.lstrip("_")] = samples = []
-
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                samples.append(time.perf_counter() - t)
-
-        setattr(owner, name, timed)
+    def record(self, phase: str, seconds: float) -> None:
+        self.samples.setdefault(phase, []).append(seconds)
+        if phase in self.STEP_PARTS:
+            self._timed += seconds
+        if phase == "process":
+            now = time.perf_counter()
+            if self.marks:
+                self.samples.setdefault("loop", []).append(now - self.marks[-1] - self._timed)
+            self.marks.append(now)
+            self._timed = 0.0
 
     def _on_gc(self, phase: str, _info: dict) -> None:
         if phase == "start":
@@ -97,13 +67,13 @@ class StepClock:
             self.gc_s += time.perf_counter() - self._gc_start
 
     def reset(self) -> None:
-        for v in self.samples.values():
-            v.clear()
+        self.samples.clear()
         self.marks.clear()
-        self.gc_s = 0.0
+        self._timed = self.gc_s = 0.0
 
     def report(self) -> dict:
-        """Median milliseconds per phase, and per step (between consecutive reads)."""
+        """Median milliseconds per phase, and per step (between consecutive reads); `loop`, the
+        rest of each step: the engine loop's own parts (drain, admit, schedule, reap)."""
         gaps = [b - a for a, b in zip(self.marks, self.marks[1:])]
         out = {k: round(statistics.median(v) * 1e3, 3) for k, v in self.samples.items() if v}
         out["step"] = round(statistics.median(gaps) * 1e3, 3) if gaps else None
@@ -111,42 +81,12 @@ class StepClock:
         out["gc_ms_per_step"] = round(self.gc_s * 1e3 / max(len(self.marks), 1), 3)
         # Every step's time, in order: a median can hide two kinds of step.
         out["step_samples"] = [round(g * 1e3, 2) for g in gaps]
-        # Inside launch too (when timed): on the H200 every third or fourth B = 4-8 step is
+        # Inside launch too: on the H200 every third or fourth B = 4-8 step is
         # ~15 ms longer, inside `async_eval` (MLX waits there for the device to catch up).
         for part in ("launch", "forward", "async_eval", "wait"):
             if self.samples.get(part):
                 out[f"{part}_samples"] = [round(v * 1e3, 2) for v in self.samples[part]]
         return out
-
-
-class ModuleProxy:
-    """A stand-in for a module whose attributes can be wrapped one by one."""
-
-    def __init__(self, module):
-        self._module = module
-
-    def __getattr__(self, name: str):
-        return getattr(self._module, name)
-
-
-@contextlib.contextmanager
-def variant(name: str):
-    """locals as shipped; without compiled graphs; with compiled seams, not whole steps; whole
-    steps storing K/V with a scatter (not from the head kernel); or with MLX's own matmuls only."""
-    from locals.engine.forward import forward
-    from locals.engine.forward.compiled import seams_only
-    from locals.engine.kernels import mlx_ops_only
-    from locals.engine.kernels.headprep import scattered
-
-    limit = forward.COMPILE_MAX_TOKENS
-    if name == "no-compile":
-        forward.COMPILE_MAX_TOKENS = 0
-    switches = {"mlx-ops": mlx_ops_only, "seams": seams_only, "scatter": scattered}
-    try:
-        with switches.get(name, contextlib.nullcontext)():
-            yield
-    finally:
-        forward.COMPILE_MAX_TOKENS = limit
 
 
 def brief(report: dict) -> dict:
@@ -164,30 +104,30 @@ def main() -> None:
                     help="prompt lengths spread evenly over prompt-len .. prompt-len + this (rows at "
                          "different lengths; 0: all equal)")
     ap.add_argument("--variants", default="locals,seams,no-compile,mlx-ops",
-                    help="which of locals, seams, scatter, no-compile, mlx-ops to run")
+                    help=f"which of {', '.join(VARIANTS)} to run")
     args = ap.parse_args()
-
-    from locals.engine.engine import Engine
-    from locals.engine.settings import EngineConfig
 
     ours, _theirs, label = load_pair(args.random_model)
     ours = no_eos(ours)
-    engine = Engine(ours, EngineConfig(prefix_cache_bytes=0, max_batch=256, speculate=False))
-    clock = StepClock(engine.runner, engine)
-    engine.start()
+    clock = StepClock()
+    engines = {}
+    # Engines that patch the model first: an untuned one runs on the patched model's twin.
+    for name in sorted(args.variants.split(","), key=lambda n: "untuned" in VARIANTS[n]):
+        if "untuned" in VARIANTS[name] and not any(e.patched_layers for e in engines.values()):
+            print(f"{name}: skipped, no tuned kernels here", flush=True)
+            continue
+        engines[name] = bench_engine(ours, **VARIANTS[name], profile=clock.record)
+    tuned_layers = max(e.patched_layers for e in engines.values())
     rows, path = [], None
     try:
         for batch in [int(b) for b in args.batches.split(",")]:
             ps = ragged(prompts(ours.tokenizer, batch, args.prompt_len + args.length_spread, seed=batch),
                         args.prompt_len, args.length_spread)
             row = {"batch": batch}
-            for name in args.variants.split(","):
-                if name == "mlx-ops" and not engine.patched_layers:
-                    continue
-                with variant(name):
-                    run_locals(engine, ps, 8)  # warm-up: shapes compiled
-                    clock.reset()
-                    result = run_locals(engine, ps, args.tokens)
+            for name, variant in engines.items():
+                run_locals(variant, ps, 8)  # warm-up: shapes compiled
+                clock.reset()
+                result = run_locals(variant, ps, args.tokens)
                 row[name] = {**clock.report(), "decode_tps": round(result["decode_tps"], 1)}
             rows.append(row)
             print(f"B={batch:3d} " + "  ".join(f"{k}: {brief(v)}" for k, v in row.items() if k != "batch"),
@@ -195,9 +135,10 @@ def main() -> None:
             # After each batch size: a run cut short keeps what it measured.
             path = write_results("step_profile", {"model": label, "tokens": args.tokens, "rows": rows,
                                                   "prompt_len": args.prompt_len, "length_spread": args.length_spread,
-                                                  "tuned_layers": engine.patched_layers}, path)
+                                                  "tuned_layers": tuned_layers}, path)
     finally:
-        engine.stop()
+        for variant in engines.values():
+            variant.stop()
     print(f"results: {path}")
 
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from locals.engine.forward import compiled as compiled_mod
-from locals.engine.forward.compiled import CompiledBlocks, seams_only
+from locals.engine.forward.choices import ForwardChoices
+from locals.engine.forward.compiled import CompiledBlocks
 from locals.engine.forward.forward import RowInput, forward
 from locals.engine.forward.fuse import fuse_projections
 from locals.engine.kernels import registry
@@ -37,11 +38,8 @@ def _steps(model, picks: list[list[int]], whole: bool, lengths=(5, 9, 14),
     kv, compiled, out = _batch(model, lengths), CompiledBlocks(), []
     for step, pick in enumerate(picks):
         rows = [RowInput(mx.array([20 + step + i], dtype=mx.int32), 1, kv[i], True) for i in pick]
-        if whole:
-            out.append(np.array(forward(model, rows, compiled).astype(mx.float32)))
-        else:
-            with seams_only():
-                out.append(np.array(forward(model, rows, compiled).astype(mx.float32)))
+        choices = ForwardChoices(whole_steps=whole)
+        out.append(np.array(forward(model, rows, compiled, choices).astype(mx.float32)))
     if caches is not None:
         caches.extend(np.array(a) for a in kv[0].batch.kv)
     return out, [c.length for c in kv]
@@ -133,15 +131,24 @@ def test_one_graph_per_batch_shape_the_most_recent_kept(monkeypatch):
     model = _qwen3(False, head_dim=32)
     monkeypatch.setattr(compiled_mod, "STEP_GRAPHS", 2)
     blocks = CompiledBlocks()
-    first = blocks.step(model, ("mask", True), (3, 4, 256))
-    assert blocks.step(model, ("mask", True), (3, 4, 256)) is first
-    second = blocks.step(model, ("mask", True), (2, 4, 256))
+    choices = ForwardChoices()
+
+    def step(attention, shape, with_choices=choices):
+        return blocks.step(model, attention, shape, with_choices)
+
+    first = step(("mask", True), (3, 4, 256))
+    assert step(("mask", True), (3, 4, 256)) is first
+    second = step(("mask", True), (2, 4, 256))
     assert second is not first
-    assert blocks.step(model, ("mask", True), (3, 4, 256)) is first  # now the most recent
-    blocks.step(model, ("mask", False), (3, 4, 256))  # a third: the least recent (second) goes
-    assert blocks.step(model, ("mask", True), (3, 4, 256)) is first
-    assert blocks.step(model, ("mask", True), (2, 4, 256)) is not second
+    assert step(("mask", True), (3, 4, 256)) is first  # now the most recent
+    step(("mask", False), (3, 4, 256))  # a third: the least recent (second) goes
+    assert step(("mask", True), (3, 4, 256)) is first
+    latest = step(("mask", True), (2, 4, 256))
+    assert latest is not second
+    # Other forward choices trace a graph of their own; an equal value finds the same one.
+    assert step(("mask", True), (2, 4, 256), ForwardChoices()) is latest
+    assert step(("mask", True), (2, 4, 256), ForwardChoices(gated=False)) is not latest
     # Modules swapped since: graphs tracing the old ones are dropped, not kept for reuse.
     registry.modules_swapped()
-    assert blocks.step(model, ("mask", True), (3, 4, 256)) is not first
+    assert step(("mask", True), (3, 4, 256)) is not first
     assert len(blocks._steps) == 1

@@ -6,13 +6,11 @@ candidate built from MLX's ops stands in, honouring the same contract."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from locals.engine.forward.compiled import seams_only
+from locals.engine.forward.choices import ForwardChoices
 from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
 from locals.engine.kernels import decode_attention as da
 from locals.engine.kernels.decode_attention import DecodeAttention, check, reference, verified, warps_for
@@ -91,9 +89,12 @@ def test_warps_grow_with_the_keys_within_shared_memory():
     assert warps_for(5000, 512) == 8  # 8 x 512 partial outputs fill the shared memory
 
 
-def _decode(model, steps: int = 3, lengths=(5, 9, 14), whole: bool = False) -> list[np.ndarray]:
+def _decode(model, steps: int = 3, lengths=(5, 9, 14), whole: bool = False,
+            attention_kernel: bool = True) -> list[np.ndarray]:
     """Three rows with prompts of `lengths` tokens, then `steps` decode steps in a decode batch,
-    each a compiled whole step (`whole`) or compiled seams around eager attention."""
+    each a compiled whole step (`whole`) or compiled seams around eager attention; without
+    `attention_kernel`, MLX's attention where the kernel is attached (the benchmarks' baseline)."""
+    choices = ForwardChoices(whole_steps=whole, decode_attention=attention_kernel)
     batch = DecodeBatch(len(model.model.layers))
     kv = [RowKV(len(model.model.layers), batch) for _ in range(3)]
     prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(n)] for i, n in enumerate(lengths)]
@@ -101,8 +102,7 @@ def _decode(model, steps: int = 3, lengths=(5, 9, 14), whole: bool = False) -> l
     out, compiled = [], CompiledBlocks()
     for step in range(steps):
         rows = [RowInput(mx.array([11 + step + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
-        with nullcontext() if whole else seams_only():
-            out.append(np.array(forward(model, rows, compiled).astype(mx.float32)))
+        out.append(np.array(forward(model, rows, compiled, choices).astype(mx.float32)))
     assert [c.length for c in kv] == [n + steps for n in lengths] and all(c.resident for c in kv)
     return out
 
@@ -142,10 +142,9 @@ def test_decode_steps_through_the_contract_compute_what_masked_attention_compute
     assert len(calls) == 3 * len(model.model.layers)
     slots_lengths = {(tuple(m[:3]), tuple(m[3:]), n) for m, n in calls}
     assert slots_lengths == {((0, 1, 2), (6 + s, 10 + s, 15 + s), 15 + s) for s in range(3)}
-    # Switched off (benchmarks' baseline), and for queries not of its dtype, MLX's attention runs.
+    # Not chosen (benchmarks' baseline), and for queries not of its dtype, MLX's attention runs.
     calls.clear()
-    with da.mlx_attention():
-        np.testing.assert_allclose(_decode(model, 1)[0], before[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(_decode(model, 1, attention_kernel=False)[0], before[0], rtol=1e-5, atol=1e-5)
     for layer in model.model.layers:
         layer.self_attn.decode_attention = OpsAttention("cpu", 4, 2, 32, mx.float16)
     _decode(model, 1)
@@ -171,8 +170,8 @@ def test_whole_decode_steps_attend_through_the_kernel_traced_once(monkeypatch, l
     # the kernel is told the batch's capacity (256 positions), at equal lengths too.
     assert calls == [(None, 256)] * len(model.model.layers)
     calls.clear()
-    with da.mlx_attention():
-        np.testing.assert_allclose(_decode(model, 1, lengths=lengths, whole=True)[0], before[0], rtol=1e-5, atol=1e-5)
+    without = _decode(model, 1, lengths=lengths, whole=True, attention_kernel=False)
+    np.testing.assert_allclose(without[0], before[0], rtol=1e-5, atol=1e-5)
     assert calls == []
 
 

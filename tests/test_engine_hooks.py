@@ -442,16 +442,16 @@ def test_constrained_rows_pipeline_their_forward_pass_with_the_same_output(tiny_
     assert any(5 in tokens for tokens in runs["masked"][:3]), "no row took the forced path"
 
 
-def test_a_pass_is_queued_before_its_cache_point_is_snapshotted(monkeypatch):
+def test_a_pass_is_queued_before_its_cache_point_is_snapshotted():
     # A whole step's head kernel writes the decode batch's cache without MLX seeing it, so a
     # snapshot of a prefix the pass just completed must be evaluated after the pass, not before.
     from types import SimpleNamespace
 
-    from locals.engine import step as step_module
+    from locals.engine.step import StepRunner
 
     events = []
-    monkeypatch.setattr(step_module.mx, "async_eval", lambda *a: events.append(("queued", a[0])))
-    runner = step_module.StepRunner(None, on_cache_point=lambda seq, n: events.append(("snapshot", n)))
+    runner = StepRunner(None, on_cache_point=lambda seq, n: events.append(("snapshot", n)))
+    runner.on_queue = lambda *a: events.append(("queued", a[0]))
     logits = mx.zeros((1, 4))
 
     def slot(points, offset):

@@ -288,23 +288,21 @@ def test_kv_write_indices_are_int32_and_full_shape(tiny_llama, monkeypatch):
     assert positions.tolist() == [3, 4, 5, 6, 5, 6] * 2
 
 
-def test_compiled_layers_are_traced_again_when_modules_or_kernel_mode_change(tiny_llama):
-    from locals.engine.kernels import mlx_ops_only
+def test_compiled_layers_are_traced_again_when_modules_or_forward_choices_change(tiny_llama):
+    from locals.engine.forward.choices import ForwardChoices
     from locals.engine.kernels.registry import modules_swapped
 
     layers = tiny_llama.model.model.layers
-    blocks = CompiledBlocks()
-    seams = blocks.seams(layers)
-    assert len(seams) == len(layers) + 1 and blocks.seams(layers) is seams
-    with mlx_ops_only():  # a trace that routed to a tuned kernel must not serve this mode
-        bypass = blocks.seams(layers)
-        assert bypass is not seams
-    assert blocks.seams(layers) is seams  # both modes kept: benchmarks switch back and forth
+    blocks, served, baseline = CompiledBlocks(), ForwardChoices(), ForwardChoices(fused=False)
+    seams = blocks.seams(layers, served)
+    assert len(seams) == len(layers) + 1 and blocks.seams(layers, served) is seams
+    other = blocks.seams(layers, baseline)  # a trace that used a fused kernel must not serve MLX's ops
+    assert other is not seams
+    assert blocks.seams(layers, ForwardChoices()) is seams  # an equal value: the same graphs
     modules_swapped()  # e.g. tuned-kernel patching swapped a layer's linears
-    fresh = blocks.seams(layers)
-    assert fresh is not seams and fresh is not bypass
-    with mlx_ops_only():
-        assert blocks.seams(layers) is not bypass  # stale graphs of either mode are dropped
+    fresh = blocks.seams(layers, served)
+    assert fresh is not seams and fresh is not other
+    assert blocks.seams(layers, baseline) is not other  # stale graphs of either choice are dropped
 
 
 def test_patching_a_model_counts_as_a_swap(tiny_llama, monkeypatch):

@@ -49,10 +49,7 @@ def _logits(model, tokens: list[int]) -> np.ndarray:
 
 @pytest.mark.parametrize("build", [lambda: _qwen3(True), lambda: _qwen3(False), _qwen2_with_biases],
                          ids=["qwen3-4bit", "qwen3-dense", "qwen2-biases"])
-def test_joined_model_computes_what_it_did_and_holds_each_weight_once(build, monkeypatch):
-    from locals.engine.forward import layer_pass as fwd
-
-    monkeypatch.setattr(fwd, "JOINED_MAX_TOKENS", {"fused_qkv": 64, "fused_gate_up": 64})
+def test_joined_model_computes_what_it_did_and_holds_each_weight_once(build):
     model = build()
     tokens = [5, 17, 42, 7, 99, 3]
     before = _logits(model, tokens)
@@ -102,7 +99,7 @@ def test_parts_of_different_kinds_or_settings_stay_apart():
 
 
 def test_passes_longer_than_the_setting_run_the_parts(monkeypatch):
-    from locals.engine.forward import layer_pass as fwd
+    from locals.engine.forward.choices import ForwardChoices
 
     model = _qwen3(True)
     fuse_projections(model)
@@ -116,8 +113,7 @@ def test_passes_longer_than_the_setting_run_the_parts(monkeypatch):
         return plain_call(self, x)
 
     monkeypatch.setattr(nn.QuantizedLinear, "__call__", counting)
-    monkeypatch.setitem(fwd.JOINED_MAX_TOKENS, "fused_qkv", 3)
-    monkeypatch.setitem(fwd.JOINED_MAX_TOKENS, "fused_gate_up", 3)
+    choices = ForwardChoices(joined_qkv_max_tokens=3, joined_gate_up_max_tokens=3)
     expected = {}
     for n in (3, 5):
         tokens = list(range(7, 7 + n))
@@ -125,13 +121,14 @@ def test_passes_longer_than_the_setting_run_the_parts(monkeypatch):
         rows = [RowInput(tokens=mx.array(tokens, dtype=mx.int32), n=n, kv=RowKV(len(model.model.layers)),
                          sample=True, logits=n)]
         calls.clear()
-        out = np.array(forward(model, rows).astype(mx.float32))
+        out = np.array(forward(model, rows, choices=choices).astype(mx.float32))
         np.testing.assert_allclose(out, expected[n], rtol=2e-4, atol=2e-4)
         assert calls == ([n, n] if n <= 3 else [])  # layer 0's joined q/k/v and gate/up, or neither
 
 
 def test_joined_matmuls_run_every_pass_but_qkv_without_the_head_kernel_on_cuda(monkeypatch):
     from locals.engine.forward import layer_pass as fwd
+    from locals.engine.forward.choices import ForwardChoices
 
     class FakeCuda:
         available = True
@@ -141,7 +138,8 @@ def test_joined_matmuls_run_every_pass_but_qkv_without_the_head_kernel_on_cuda(m
             return cls.available
 
     monkeypatch.setattr(mx, "cuda", FakeCuda, raising=False)
-    assert min(fwd._default_joined_limits().values()) > 1 << 20
+    served = ForwardChoices()
+    assert min(served.joined_qkv_max_tokens, served.joined_gate_up_max_tokens) > 1 << 20
     assert fwd._unfused_qkv_limit() == 4
     FakeCuda.available = False
     assert fwd._unfused_qkv_limit() > 1 << 20

@@ -7,6 +7,8 @@ here candidates built from MLX's ops stand in, honouring the same contracts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 from mlx_lm.models import llama
 
 from locals.engine.forward import layer_pass as fwd
+from locals.engine.forward.choices import ForwardChoices
 from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
 from locals.engine.forward.fuse import fuse_projections
 from locals.engine.kernels import addnorm, fused
@@ -93,12 +96,13 @@ def _attach_ops(model, heads: bool, norms: bool) -> None:
             norm.add_norm = OpsAddNorm("cpu", norm.weight.shape[0], norm.eps, mx.float32)
 
 
-def _run(model, prompt, compiled):
+def _run(model, prompt, compiled, choices: ForwardChoices = ForwardChoices()):
     """Logits of a prompt chunk, then of two decode steps (through compiled seams if given)."""
     kv = RowKV(len(model.model.layers))
-    out = [forward(model, [RowInput(mx.array(prompt, dtype=mx.int32), len(prompt), kv, True, len(prompt))])]
+    out = [forward(model, [RowInput(mx.array(prompt, dtype=mx.int32), len(prompt), kv, True, len(prompt))],
+                   choices=choices)]
     for token in (7, 11):
-        out.append(forward(model, [RowInput(mx.array([token], dtype=mx.int32), 1, kv, True)], compiled))
+        out.append(forward(model, [RowInput(mx.array([token], dtype=mx.int32), 1, kv, True)], compiled, choices))
     return [np.array(o.astype(mx.float32)) for o in out]
 
 
@@ -108,15 +112,15 @@ def _run(model, prompt, compiled):
 def test_forward_through_the_contracts_computes_what_mlx_ops_compute(build, joined, heads, norms, monkeypatch):
     model = build()
     fuse_projections(model)
-    monkeypatch.setattr(fwd, "JOINED_MAX_TOKENS", {"fused_qkv": 64 if joined else 0, "fused_gate_up": 64})
+    choices = ForwardChoices(joined_qkv_max_tokens=64 if joined else 0)
     prompt = [5, 17, 42, 7, 99, 3]
-    before = _run(model, prompt, CompiledBlocks())
+    before = _run(model, prompt, CompiledBlocks(), choices)
     seen, added = [], []
     _attach_ops(model, heads, norms)
     real_prep, real_add = OpsHeadPrep.__call__, OpsAddNorm.__call__
     monkeypatch.setattr(OpsHeadPrep, "__call__", lambda self, *a: seen.append(a[3]) or real_prep(self, *a))
     monkeypatch.setattr(OpsAddNorm, "__call__", lambda self, *a: added.append(a[0].shape) or real_add(self, *a))
-    after = _run(model, prompt, CompiledBlocks())
+    after = _run(model, prompt, CompiledBlocks(), choices)
     for a, b in zip(after, before):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     attn = model.model.layers[0].self_attn
@@ -126,14 +130,14 @@ def test_forward_through_the_contracts_computes_what_mlx_ops_compute(build, join
     # Every add but the last layer's MLP residual (the final norm takes only the sampled rows):
     # 2 a layer less one, per pass; traced once per compiled shape, so at least one pass' worth.
     assert (len(added) >= 2 * len(model.model.layers) - 1) == norms
-    # mlx_ops_only() (the peer and untuned baselines) and mlx_ops() run MLX's ops instead.
-    from locals.engine.kernels.registry import mlx_ops_only
+    # An engine that chose MLX's ops (benchmarks' baseline), and the twin mlx-lm runs on, use none.
+    from locals.engine.kernels.twin import mlx_ops_twin
 
-    for switch in (mlx_ops_only, fused.mlx_ops):
+    for ran in (lambda: _run(model, prompt, CompiledBlocks(), dataclasses.replace(choices, fused=False)),
+                lambda: _run(mlx_ops_twin(model), prompt, CompiledBlocks(), choices)):
         seen.clear()
         added.clear()
-        with switch():
-            np.testing.assert_allclose(_run(model, prompt, CompiledBlocks())[-1], before[-1], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ran()[-1], before[-1], rtol=1e-5, atol=1e-5)
         assert seen == [] and added == []
 
 

@@ -127,9 +127,7 @@ def _three_rows(model, whole: bool = True) -> list[mx.array]:
     """Logits of three prompts (17, 20 and 23 tokens) in one pass, then of two decode steps of the
     three rows in a decode batch, at their different lengths: each step one compiled graph
     (`whole`), else compiled seams around eager attention; then the decode batch's K/V arrays."""
-    from contextlib import nullcontext
-
-    from locals.engine.forward.compiled import seams_only
+    from locals.engine.forward.choices import ForwardChoices
     from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
     from locals.engine.forward.kv import DecodeBatch, RowKV
 
@@ -139,8 +137,7 @@ def _three_rows(model, whole: bool = True) -> list[mx.array]:
     out = [forward(model, [RowInput(p, p.size, c, True) for p, c in zip(prompts, kv)])]
     for step in range(2):
         rows = [RowInput(mx.array([11 + step + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
-        with nullcontext() if whole else seams_only():
-            out.append(forward(model, rows, CompiledBlocks()))
+        out.append(forward(model, rows, CompiledBlocks(), ForwardChoices(whole_steps=whole)))
     return [o.astype(mx.float32) for o in out + batch.kv]
 
 
@@ -177,23 +174,6 @@ def test_device_stamps_order_and_time_a_chain():
     one = sorted(timer(call, 1) for _ in range(5))[2]
     six = sorted(timer(call, 6) * 6 for _ in range(5))[2]
     assert 0 < one < 0.01 and one < six < 0.1
-
-
-GLU_KERNELS = [k for k in qmm.candidates("cuda") if k.takes_glu and (k.unroll > 1 or k.k_split > 1 or k.wide
-                                                                       or k.name == "cuda-qmma-r16-t256")]
-
-
-@pytest.mark.parametrize("kernel", GLU_KERNELS, ids=lambda k: k.name)
-@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16], ids=["bf16", "f16"])
-def test_cuda_tensor_kernel_folds_swiglu(kernel, dtype):
-    # [gate | up] in, silu(gate) * up times the weights out, against the float32 truth, on
-    # odd column counts and K of an odd number of groups, at each row tile's edges.
-    from locals.engine.kernels import glu
-
-    rows = [m for m in (1, 5, 8, 13, 16, 17, 21, 32) if kernel.supports(m, 4, 64, dtype, dtype)]
-    for n, k in ((97, 640), (1000, 1920)):
-        for m in rows:
-            assert glu.check(kernel, m, n, k, 4, 64, dtype) == "", (m, n, k)
 
 
 # Each code path once in bf16 (wide, unrolled, 32 columns), the plain one in both dtypes.
@@ -236,8 +216,8 @@ def test_cuda_tensor_kernel_folds_the_residual_add_and_norm(kernel, dtype):
 
 def test_model_with_norms_folded_into_tuned_projections_matches_mlx_ops():
     # Three rows decoding through the tensor-core kernels with the residual add and norm
-    # folded into o_proj and down_proj, against MLX's ops on the same model.
-    from locals.engine.kernels.registry import mlx_ops_only
+    # folded into o_proj and down_proj, against MLX's ops on the same weights (the model's twin).
+    from locals.engine.kernels.twin import mlx_ops_twin
 
     model = _two_layer_qwen3(9)
     kind, chip = current_chip()
@@ -250,6 +230,5 @@ def test_model_with_norms_folded_into_tuned_projections_matches_mlx_ops():
     assert all(layer.self_attn.o_proj._routes.norm_rows == {1, 2, 3} for layer in layers)
     assert all(layer.mlp.down_proj._routes.norm_rows == {1, 2, 3} for layer in layers)
     assert all(layer.mlp.fused_gate_up._routes.gated_rows == {1, 2, 3} for layer in layers)  # SwiGLU in gate/up's
-    with mlx_ops_only():
-        expected = _three_rows(model, whole=False)
+    expected = _three_rows(mlx_ops_twin(model), whole=False)
     _assert_close(_three_rows(model), expected)

@@ -104,18 +104,13 @@ def run_locals(engine, prompts: list[list[int]], max_tokens: int) -> dict:
 
 
 def run_mlx_lm(model, prompts: list[list[int]], max_tokens: int) -> dict:
-    """One batch through mlx-lm's BatchGenerator on `model`, with MLX's own matmuls even
-    where the engine swapped in tuned kernels (the same model object serves both)."""
-    from locals.engine.kernels import mlx_ops_only
-
-    with mlx_ops_only():
-        return _run_mlx_lm(model, prompts, max_tokens)
-
-
-def _run_mlx_lm(model, prompts: list[list[int]], max_tokens: int) -> dict:
+    """One batch through mlx-lm's BatchGenerator on `model`'s weights, with MLX's own ops even
+    where an engine swapped tuned kernels into it (on its twin: kernels/twin.py)."""
     from mlx_lm.generate import BatchGenerator
 
-    gen = BatchGenerator(model, max_tokens=max_tokens, completion_batch_size=max(32, len(prompts)))
+    from locals.engine.kernels import mlx_ops_twin
+
+    gen = BatchGenerator(mlx_ops_twin(model), max_tokens=max_tokens, completion_batch_size=max(32, len(prompts)))
     t0 = time.perf_counter()
     gen.insert(prompts, [max_tokens] * len(prompts))
     firsts, ends, counts, stamps = {}, {}, {}, {}

@@ -113,7 +113,7 @@ class Engine:
         cfg = self.config
         self.draft_policy = DraftPolicy(max_draft=cfg.max_draft) if cfg.speculate and cfg.max_draft > 0 else None
         self.runner = StepRunner(self.model, on_cache_point=self._insert_prefix,
-                                 speculate_max_rows=cfg.speculate_max_rows)
+                                 speculate_max_rows=cfg.speculate_max_rows, choices=cfg.forward)
         self.shared_prefill = SharedPrefill(self.prefix_cache, self._insert_prefix)
         # Decoding rows share one padded KV per layer (one attention call for all of them).
         self.decode_batch = DecodeBatch(len(self.model.layers)) if supports_ragged(self.model) else None

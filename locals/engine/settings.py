@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from locals.engine.forward.choices import ForwardChoices
+
 
 @dataclass
 class EngineConfig:
@@ -44,11 +46,15 @@ class EngineConfig:
     idle_work_after_s: float = 5.0
     # Route small-batch quantized matmuls to this chip's tuned kernels (and tune them while
     # idle on an untuned GPU), and use the fused norm/RoPE/residual kernels that verify on it;
-    # False keeps MLX's own ops everywhere.
+    # False patches and attaches nothing, so MLX's own ops run (on a model no other engine
+    # patched: beside one that did, give it `kernels.mlx_ops_twin(model)`).
     tuned_kernels: bool = True
     # Join each layer's q/k/v and gate/up linears into one matmul each (fuse.py): three
     # kernels fewer per layer. False leaves the model's modules as loaded.
     fuse_projections: bool = True
+    # Which attached kernels and compiled graphs the forward pass uses, up to how many tokens it
+    # joins matmuls (forward/choices.py): benchmarks compare ways by building engines with others.
+    forward: ForwardChoices = field(default_factory=ForwardChoices)
 
     def resolved_kv_budget(self) -> int:
         """The KV budget in bytes, deriving the default from free memory now."""

@@ -11,10 +11,12 @@ with the masks then known, so the device runs the pass while Python reads and ma
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from locals.engine.forward.choices import ForwardChoices
 from locals.engine.forward.forward import CompiledBlocks, RowInput, forward, supports_ragged
 from locals.engine.forward.rowfeed import RowOf, as_array
 from locals.engine.rows.sampling import RowSampling, Sampled, sample
@@ -113,18 +115,46 @@ def _batch_order(slots: list[Slot], drafts: dict) -> list[Slot]:
     return sorted(slots, key=key)
 
 
+# A profiling hook: called as profile(phase, seconds) after each timed part of a step: "launch"
+# (begin + finish), "forward" (building the pass), "sample" (building the sampling),
+# "async_eval" (MLX queuing work), "wait" (for the step's tokens on the device), "process".
+Profile = Callable[[str, float], None]
+
+
 class StepRunner:
     """Launches and processes steps for one model."""
 
-    def __init__(self, model, on_cache_point=None, speculate_max_rows: int = 0):
+    def __init__(self, model, on_cache_point=None, speculate_max_rows: int = 0,
+                 choices: ForwardChoices = ForwardChoices()):
         self.model = model
         # Called as on_cache_point(seq, n_tokens) once the KV of a prompt prefix is built.
         self.on_cache_point = on_cache_point
         self.speculate_max_rows = speculate_max_rows
+        self.choices = choices  # which kernels and compiled graphs the forward pass uses
         # Compiled per-layer graphs for short passes; the engine drops them when it stops.
         self.compiled = CompiledBlocks()
         # Only the ragged pass takes last step's token rows as they are; the per-row one needs arrays.
         self.ragged = supports_ragged(model)
+        # Set before the engine starts, for benchmarks: `Profile` above; and a callable that sees
+        # every graph the runner queues (the arguments of `mx.async_eval`) before it is queued.
+        self.profile: Profile | None = None
+        self.on_queue: Callable[..., None] | None = None
+
+    def _timed(self, phase: str, fn, *args):
+        """fn(*args), its time handed to the profiling hook when one is set."""
+        if self.profile is None:
+            return fn(*args)
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.profile(phase, time.perf_counter() - start)
+
+    def _queue(self, *arrays) -> None:
+        """Queue `arrays`' graph on the device (mx.async_eval), shown to `on_queue` first."""
+        if self.on_queue is not None:
+            self.on_queue(*arrays)
+        self._timed("async_eval", mx.async_eval, *arrays)
 
     def _draft(self, seq: Sequence, decoding: int) -> list[int]:
         """Prompt-lookup draft for a row whose tokens are all known, [] when it should not draft."""
@@ -150,6 +180,9 @@ class StepRunner:
 
     def launch(self, slots: list[Slot]) -> Launched | None:
         """Queue the forward pass and sampling for `slots`; None when no row is left."""
+        return self._timed("launch", self._launch, slots)
+
+    def _launch(self, slots: list[Slot]) -> Launched | None:
         begun = self.begin(slots)
         return self.finish(begun) if begun is not None else None
 
@@ -171,11 +204,11 @@ class StepRunner:
             elif not self.ragged:
                 tokens = as_array(tokens)
             rows.append(RowInput(tokens, slot.n + len(draft), seq.kv, slot.sample, len(draft) + 1))
-        logits = forward(self.model, rows, self.compiled)
+        logits = self._timed("forward", forward, self.model, rows, self.compiled, self.choices)
         sampled_rows = any(s.sample for s in slots)
         queued = queue or not sampled_rows
         if queued:
-            mx.async_eval([logits] if sampled_rows else [a for r in rows for a in r.kv.arrays()])
+            self._queue([logits] if sampled_rows else [a for r in rows for a in r.kv.arrays()])
         self._cache_points(slots, before, None if queued else logits)
         prefill_tokens = sum(s.n for s in slots if s.seq.prefilling)
         return Begun(slots, logits if sampled_rows else None, drafts, later, forced_before, prefill_tokens)
@@ -201,7 +234,7 @@ class StepRunner:
             masks[seq.id] = [first, *begun.later.get(seq.id, [])]
         seqs = [s.seq for s in begun.slots if s.sample]
         verify, sampling = self._sample_rows(seqs, masks, begun.drafts, skip)
-        sampled = sample(begun.logits, sampling)
+        sampled = self._timed("sample", sample, begun.logits, sampling)
         for v in verify:
             seq = v.seq
             if not v.draft:  # fed next step straight from the device, as rows of the batch's arrays
@@ -209,7 +242,7 @@ class StepRunner:
                 seq.key = RowOf(sampled.keys, v.start)
             seq.sampled_steps += 1
             seq.inflight += 1
-        mx.async_eval(sampled.arrays())
+        self._queue(sampled.arrays())
         return Launched(begun.slots, verify, sampled, begun.prefill_tokens)
 
     def _sample_rows(self, seqs: list[Sequence], masks: dict, drafts: dict,
@@ -248,7 +281,7 @@ class StepRunner:
                 point = seq.cache_points.pop(0)
                 if point > before[seq.id]:
                     if unqueued is not None:
-                        mx.async_eval(unqueued)
+                        self._queue(unqueued)
                         unqueued = None
                     self.on_cache_point(seq, point)
 
@@ -256,6 +289,11 @@ class StepRunner:
         """Read the step's tokens and hand them to their sequences; returns those that got their first token."""
         if step.sampled is None:
             return []
+        if self.profile is not None:  # the device's part apart from reading the tokens
+            self._timed("wait", mx.eval, step.sampled.tokens)
+        return self._timed("process", self._process, step)
+
+    def _process(self, step: Launched) -> list[Sequence]:
         s = step.sampled
         tokens = s.tokens.tolist()
         logprobs = s.logprobs.tolist() if s.logprobs is not None else None

@@ -13,62 +13,37 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 import mlx.core as mx
 
-from locals.engine.forward import layer_pass
-from locals.engine.kernels.decode_attention import active_for as attention_kernel
-from locals.engine.kernels.decode_attention import kernels_on as attention_kernels_on
-from locals.engine.kernels.decode_attention import reference as attention_reference
-from locals.engine.kernels.fused import active as fused_active
-from locals.engine.kernels.headprep import cache_writes_on
-from locals.engine.kernels.registry import bypassed, gated_active, swap_count
-from locals.engine.kernels.switch import Switch
+from locals.engine.forward.choices import ForwardChoices
 from locals.engine.forward.layer_pass import finish, lm_head, project
+from locals.engine.kernels.decode_attention import active_for as attention_kernel
+from locals.engine.kernels.decode_attention import reference as attention_reference
+from locals.engine.kernels.registry import swap_count
 
-# Passes of at most this many tokens (decode steps, short forced or draft chunks) run as
-# compiled graphs: a decode step of a 4B model on an H200 is host-bound at B = 8 (a native
-# profile found the engine thread busy through the whole step: ~70% queuing ops inside MLX's
-# eval, ~24% building the graph in Python), and compiling removes the Python work of building
-# the ops. Longer passes (prompt chunks) are compute-bound and would each compile a new shape.
-COMPILE_MAX_TOKENS = 64
 STEP_GRAPHS = 32  # whole-step graphs kept, one per batch shape, least recently used dropped
-_whole_steps = Switch()
-
-
-def seams_only() -> AbstractContextManager[None]:
-    """While active, decode steps run as seams, not whole (benchmarks compare the two on one engine)."""
-    return _whole_steps.off()
-
-
-def whole_steps_on() -> bool:
-    """False while `seams_only()` is active."""
-    return _whole_steps.on
 
 
 class CompiledBlocks:
     """The compiled graphs of one model's short passes, owned by the engine that runs it.
 
-    A compiled graph captures the modules as they were when traced, so the graphs are keyed
-    by the registry's swap count (tuned-kernel patching and attaching fused kernels bump it),
-    whether tuned kernels are bypassed, whether fused kernels are on (kernels/fused.py),
-    whether folded activations are (registry.ungated), whether the head kernel writes K/V
-    (headprep.scattered) and `JOINED_MAX_TOKENS`; MLX traces
-    each distinct set of input shapes once per graph. The owner drops it (and collects)
-    before MLX shuts down: compiled graphs freed during interpreter exit may abort the process.
+    A compiled graph captures the modules as they were when traced, and the forward choices it
+    was traced with, so the graphs are keyed by the registry's swap count (tuned-kernel patching
+    and attaching fused kernels bump it) and the `ForwardChoices`; MLX traces each distinct set of
+    input shapes once per graph. The owner drops it (and collects) before MLX shuts down: compiled
+    graphs freed during interpreter exit may abort the process.
     """
 
     def __init__(self):
         self._graphs: dict[tuple, object] = {}
         self._steps: OrderedDict[tuple, Callable] = OrderedDict()
 
-    def _key(self, key: tuple) -> tuple:
-        return (swap_count(), bypassed(), fused_active(), gated_active(), cache_writes_on(),
-                tuple(layer_pass.JOINED_MAX_TOKENS.values())) + key
+    def _key(self, choices: ForwardChoices, key: tuple) -> tuple:
+        return (swap_count(), choices) + key
 
-    def _get(self, key: tuple, make: Callable[[], object]):
-        key = self._key(key)
+    def _get(self, choices: ForwardChoices, key: tuple, make: Callable[[], object]):
+        key = self._key(choices, key)
         graph = self._graphs.get(key)
         if graph is None:
             # Graphs of modules swapped out since are never used again: drop them.
@@ -76,17 +51,17 @@ class CompiledBlocks:
             graph = self._graphs[key] = make()
         return graph
 
-    def seams(self, layers: list) -> list:
+    def seams(self, layers: list, choices: ForwardChoices) -> list:
         """[project 0, finish 0 + project 1, …, finish L-1]: one compiled call per layer
         boundary instead of two (a call costs ~20 µs of host time on a 2-core x86 VM)."""
-        return self._get(("seams", id(layers)), lambda: _compile_seams(layers))
+        return self._get(choices, ("seams", id(layers)), lambda: _compile_seams(layers, choices))
 
-    def step(self, model, attention: tuple, shape: tuple) -> Callable:
+    def step(self, model, attention: tuple, shape: tuple, choices: ForwardChoices) -> Callable:
         """The whole decode step of `model` (see `compile_step`) for one way of attending
         (`step_attention`) and one shape of the batch (rows, rows_cap, t_cap): one graph each,
         the STEP_GRAPHS most recently used kept (a daemon meets many shapes as agents come and
         go and their rows grow)."""
-        key = self._key((id(model), attention, shape))
+        key = self._key(choices, (id(model), attention, shape))
         if key in self._steps:
             self._steps.move_to_end(key)
             return self._steps[key]
@@ -94,42 +69,42 @@ class CompiledBlocks:
             del self._steps[stale]
         while len(self._steps) >= STEP_GRAPHS:
             self._steps.popitem(last=False)
-        graph = self._steps[key] = compile_step(model, attention)
+        graph = self._steps[key] = compile_step(model, attention, choices)
         return graph
 
 
-def _compile_seams(layers: list) -> list:
+def _compile_seams(layers: list, choices: ForwardChoices) -> list:
     """Compiled (not yet traced) functions for each boundary between attention calls."""
     def first(h, positions):
-        return project(layers[0], h, positions)
+        return project(layers[0], h, positions, choices=choices)
 
     def between(before, after):
         def seam(h, o, positions):
-            h, x = finish(before, h, o, after.input_layernorm)
-            return (h, *project(after, h, positions, x))
+            h, x = finish(before, h, o, after.input_layernorm, choices)
+            return (h, *project(after, h, positions, x, choices=choices))
         return seam
 
     def last(h, o):
-        return finish(layers[-1], h, o)[0]
+        return finish(layers[-1], h, o, choices=choices)[0]
 
     inner = [between(a, b) for a, b in zip(layers[:-1], layers[1:])]
     return [mx.compile(f) for f in (first, *inner, last)]
 
 
-def step_attention(model, plan) -> tuple:
+def step_attention(model, plan, choices: ForwardChoices) -> tuple:
     """How a whole step attends, a key part of its graph: ("kernel", t_cap) where every layer
     has a decode attention kernel that may run (its thread count follows t_cap, the most keys
     a row can hold), else ("mask", identity): MLX's attention over the whole capacity with
     each row's length masked, the rows read as a plain slice when they fill slots 0..B-1."""
     layers = model.model.layers
     attns = [layer.self_attn for layer in layers]
-    if fused_active() and not bypassed() and attention_kernels_on() and all(
+    if choices.fused and choices.decode_attention and all(
             getattr(a, "decode_attention", None) is not None for a in attns):
         return "kernel", plan.batch.t_cap
     return "mask", plan.slots is None
 
 
-def compile_step(model, attention: tuple) -> Callable:
+def compile_step(model, attention: tuple, choices: ForwardChoices) -> Callable:
     """One compiled decode step: (tokens (B,), positions (B,), the K/V scatter index (a tuple
     of three arrays), meta (2B,): each row's slot, then its key count after the write, and each
     layer's shared K/V array) -> (logits (B, vocab), each layer's K/V after the write)."""
@@ -146,14 +121,14 @@ def compile_step(model, attention: tuple) -> Callable:
             # one reader of the cache also takes q: the decode attention kernel. MLX's gather on
             # the masked path reads the cache apart from q, so nothing would order it after the write.
             into = (kvs[li], meta) if attention[0] == "kernel" else None
-            q, kv = project(layer, h, positions, x, into=into)
+            q, kv = project(layer, h, positions, x, into=into, choices=choices)
             if kv is not None:
                 kvs[li][index] = kv
             o = _attend(layer.self_attn, q, kvs[li], meta, attention, mask)
             # Every row samples: the model's final norm takes the last layer's residual add (a
             # kernel fold where the last down_proj verified one, as every other layer's norm).
             after = layers[li + 1].input_layernorm if li + 1 < len(layers) else inner.norm
-            h, x = finish(layer, h, o, after)
+            h, x = finish(layer, h, o, after, choices)
         return (lm_head(model, x), *kvs)
 
     return mx.compile(step)

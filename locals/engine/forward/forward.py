@@ -15,12 +15,11 @@ import mlx.core as mx
 import numpy as np
 
 from locals.engine.forward.batch_plan import BatchPlan
-from locals.engine.forward.compiled import COMPILE_MAX_TOKENS, CompiledBlocks, step_attention, whole_steps_on
-from locals.engine.kernels.decode_attention import active_for as attention_kernel
-from locals.engine.kernels.fused import active as fused_active
-from locals.engine.kernels.registry import bypassed
+from locals.engine.forward.choices import ForwardChoices
+from locals.engine.forward.compiled import CompiledBlocks, step_attention
 from locals.engine.forward.kv import RowKV
-from locals.engine.forward.layer_pass import finish, lm_head, project
+from locals.engine.forward.layer_pass import DEFAULT, finish, lm_head, project
+from locals.engine.kernels.decode_attention import active_for as attention_kernel
 from locals.engine.forward.rowfeed import RowOf, join_rows
 
 RAGGED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
@@ -50,19 +49,21 @@ def supports_ragged(model) -> bool:
     return all(hasattr(attn, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj", "rope", "scale"))
 
 
-def forward(model, rows: list[RowInput], compiled: CompiledBlocks | None = None) -> mx.array:
+def forward(model, rows: list[RowInput], compiled: CompiledBlocks | None = None,
+            choices: ForwardChoices = DEFAULT) -> mx.array:
     """Logits (S, vocab) for the rows with `sample` set, in row order (`logits` rows each).
-    With `compiled` (the engine's), short passes run each layer's halves as compiled graphs."""
+    With `compiled` (the engine's), short passes run each layer's halves as compiled graphs;
+    `choices` says which kernels and graphs a pass may use (the engine's config)."""
     if supports_ragged(model):
-        return _ragged(model, rows, compiled)
+        return _ragged(model, rows, compiled, choices)
     return _per_row(model, rows)
 
 
-def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.array:
+def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None, choices: ForwardChoices) -> mx.array:
     inner = model.model
     plan = BatchPlan(rows)
-    if compiled is not None and _whole_step_fits(plan, rows):
-        return _whole_step(model, rows, plan, compiled)
+    if compiled is not None and _whole_step_fits(plan, rows, choices):
+        return _whole_step(model, rows, plan, compiled, choices)
     batched = {id(r) for r in plan.rows}
     # The batch's rows go first so their tokens are one slice of the flat sequence.
     order = plan.rows + [r for r in rows if id(r) not in batched]
@@ -78,17 +79,19 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
                                          for r in order]))
     others = order[len(plan.rows):]  # prompt chunks on their own caches
     layers = inner.layers
-    seams = compiled.seams(layers) if compiled is not None and start <= COMPILE_MAX_TOKENS else None
+    short = compiled is not None and start <= choices.compile_max_tokens
+    seams = compiled.seams(layers, choices) if short else None
     if seams is None:
         x = None
         for li, layer in enumerate(layers):
-            q, kv = project(layer, h, positions, x)
+            q, kv = project(layer, h, positions, x, choices=choices)
             after = layers[li + 1].input_layernorm if li + 1 < len(layers) else None
-            h, x = finish(layer, h, _attend(layer.self_attn, q, kv, plan, others, spans, li), after)
+            o = _attend(layer.self_attn, q, kv, plan, others, spans, li, choices)
+            h, x = finish(layer, h, o, after, choices)
     else:
         q, kv = seams[0](h, positions)
         for li, layer in enumerate(layers):
-            o = _attend(layer.self_attn, q, kv, plan, others, spans, li)
+            o = _attend(layer.self_attn, q, kv, plan, others, spans, li, choices)
             if li + 1 < len(layers):
                 h, q, kv = seams[li + 1](h, o, positions)
             else:
@@ -102,19 +105,21 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None) -> mx.
     return lm_head(model, h)
 
 
-def _whole_step_fits(plan: BatchPlan, rows: list[RowInput]) -> bool:
+def _whole_step_fits(plan: BatchPlan, rows: list[RowInput], choices: ForwardChoices) -> bool:
     """Whether the pass is a pure decode step: every row in the decode batch, one token each,
     each sampled once."""
-    return (whole_steps_on() and bool(plan.rows) and len(plan.rows) == len(rows) and plan.width == 1
-            and len(rows) <= COMPILE_MAX_TOKENS and all(r.sample and r.logits == 1 for r in rows))
+    return (choices.whole_steps and bool(plan.rows) and len(plan.rows) == len(rows) and plan.width == 1
+            and len(rows) <= choices.compile_max_tokens and all(r.sample and r.logits == 1 for r in rows))
 
 
-def _whole_step(model, rows: list[RowInput], plan: BatchPlan, compiled: CompiledBlocks) -> mx.array:
+def _whole_step(model, rows: list[RowInput], plan: BatchPlan, compiled: CompiledBlocks,
+                choices: ForwardChoices) -> mx.array:
     """The step as one compiled call (compiled.py): logits (B, vocab) in `rows`' order."""
     batch = plan.batch
     tokens = join_rows([r.tokens for r in plan.rows])  # last step's tokens in order: that array itself
     positions = mx.array(plan.lengths)  # each row's one new token sits at its length
-    graph = compiled.step(model, step_attention(model, plan), (len(plan.rows), batch.rows_cap, batch.t_cap))
+    graph = compiled.step(model, step_attention(model, plan, choices), (len(plan.rows), batch.rows_cap, batch.t_cap),
+                          choices)
     logits, *kvs = graph(tokens, positions, plan.index, plan.meta, *batch.kv)
     batch.kv[:] = kvs  # written in place: by the head kernel, or by the scatter (the old arrays are only inputs)
     plan.advance()
@@ -124,12 +129,12 @@ def _whole_step(model, rows: list[RowInput], plan: BatchPlan, compiled: Compiled
 
 
 def _attend(attn, q: mx.array, kv: mx.array, plan: BatchPlan, others: list[RowInput], spans,
-            li: int) -> mx.array:
+            li: int, choices: ForwardChoices) -> mx.array:
     """Each row's queries against its own KV (writing the new keys/values first): (T, heads * dim).
     kv (2T, kv_heads, 1, dim): the pass's keys, then its values."""
     outs = []
     b, total = plan.tokens, q.shape[0]
-    kernel = attention_kernel(attn, q) if fused_active() and not bypassed() else None
+    kernel = attention_kernel(attn, q) if choices.fused and choices.decode_attention else None
     if b == total:  # only the batch's rows: no slicing
         return plan.attend(li, q, kv, attn.scale, kernel)
     if b:

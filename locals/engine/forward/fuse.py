@@ -2,8 +2,9 @@
 
 A short pass then launches one matmul where it launched three (attention) or two (MLP):
 three kernels fewer per layer, which is what a host-bound step at small batches pays for
-(layer_pass.JOINED_MAX_TOKENS says up to how many tokens a pass uses them: every pass, except
-q/k/v on CUDA without the fused q/k kernel, up to 4; longer passes run the parts). The model still runs as mlx-lm wrote it: the old attributes
+(the engine's ForwardChoices say up to how many tokens a pass uses them: every pass, except
+q/k/v on CUDA without the fused q/k kernel, up to 4; longer passes run the parts). The model
+still runs as mlx-lm wrote it: the old attributes
 (q_proj, gate_proj, ...) become `PartOf` views that run their own rows of the joined weight
 with the same op, so mlx-lm's forward (the peer side of the benchmarks shares the object)
 computes what it did before. Only llama/qwen-family blocks whose parts are all plain

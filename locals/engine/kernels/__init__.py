@@ -2,8 +2,10 @@
 
 The engine asks `registry.patch_model(model)` after load; layers whose problem has a
 verified, faster kernel on this chip and MLX version use it, all others keep MLX's ops.
+`twin.mlx_ops_twin(model)` gives what must run MLX's ops beside it the same weights.
 """
 
-from locals.engine.kernels.registry import mlx_ops_only, patch_model, tuned_linear
+from locals.engine.kernels.registry import patch_model, tuned_linear
+from locals.engine.kernels.twin import mlx_ops_twin
 
-__all__ = ["mlx_ops_only", "patch_model", "tuned_linear"]
+__all__ = ["mlx_ops_twin", "patch_model", "tuned_linear"]

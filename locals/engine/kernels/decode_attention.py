@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -28,7 +27,6 @@ import mlx.nn as nn
 import numpy as np
 
 from locals.engine.kernels.resident import float_constant
-from locals.engine.kernels.switch import Switch
 from locals.engine.kernels.tuning.verify import matches
 
 log = logging.getLogger(__name__)
@@ -206,17 +204,6 @@ TAG = hashlib.sha1((CUDA_SOURCE + METAL_SOURCE).encode()).hexdigest()[:10]
 DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 MAX_SHARED_FLOATS = 4096  # W * head_dim: 16 KiB of partial outputs (Metal's threadgroup memory is 32 KiB)
 _KERNELS: dict[str, object] = {}
-_kernel_on = Switch()  # off while mlx_attention() is active
-
-
-def mlx_attention() -> AbstractContextManager[None]:
-    """While active, decode steps attend with MLX's op (benchmarks compare the two on one engine)."""
-    return _kernel_on.off()
-
-
-def kernels_on() -> bool:
-    """False while `mlx_attention()` is active (compiled whole steps are keyed by it)."""
-    return _kernel_on.on
 
 
 def warps_for(length: int, head_dim: int) -> int:
@@ -314,9 +301,9 @@ def verified(kernel: DecodeAttention) -> str:
 
 
 def active_for(attn: nn.Module, q: mx.array) -> DecodeAttention | None:
-    """The kernel attached to `attn` when it may run on q (not switched off, q in its dtype)."""
+    """The kernel attached to `attn` when it may run on q (q in its dtype and head size)."""
     kernel = getattr(attn, "decode_attention", None)
-    if kernel is None or not _kernel_on.on or q.dtype != kernel.dtype or q.shape[-1] != kernel.head_dim:
+    if kernel is None or q.dtype != kernel.dtype or q.shape[-1] != kernel.head_dim:
         return None
     return kernel
 

@@ -1,28 +1,12 @@
 """The fused kernels a model's layers get on a GPU, once verified there: q/k norm + RoPE
-(headprep.py), residual add + norm (addnorm.py) and decode attention (decode_attention.py); and a
-switch that runs MLX's ops instead."""
+(headprep.py), residual add + norm (addnorm.py) and decode attention (decode_attention.py).
+Whether a pass uses them is the engine's choice (forward/choices.py)."""
 
 from __future__ import annotations
-
-from contextlib import AbstractContextManager
 
 import mlx.nn as nn
 
 from locals.engine.kernels import addnorm, decode_attention, headprep
-from locals.engine.kernels.switch import Switch
-
-_fused = Switch()  # off while mlx_ops() is active
-
-
-def mlx_ops() -> AbstractContextManager[None]:
-    """While active, layers run MLX's ops where a fused kernel is attached (benchmarks compare
-    the two on one engine; not for concurrent serving)."""
-    return _fused.off()
-
-
-def active() -> bool:
-    """False while `mlx_ops()` is active (compiled graphs are kept apart by it)."""
-    return _fused.on
 
 
 def attach(model: nn.Module, backend: str) -> dict[str, int]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -31,7 +30,6 @@ import mlx.nn as nn
 import numpy as np
 
 from locals.engine.kernels.resident import device_array
-from locals.engine.kernels.switch import Switch
 from locals.engine.kernels.tuning.verify import matches
 
 log = logging.getLogger(__name__)
@@ -171,17 +169,6 @@ TAG = hashlib.sha1((CUDA_SOURCE + METAL_SOURCE + repr(DESTINATIONS)).encode()).h
 DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 _KERNELS: dict[tuple[str, str], object] = {}
 _CONSTANTS: dict[tuple, tuple[mx.array, mx.array, mx.array]] = {}
-_cache_writes = Switch()
-
-
-def scattered() -> AbstractContextManager[None]:
-    """While active, whole steps store K/V with a scatter a layer, not from this kernel (benchmarks)."""
-    return _cache_writes.off()
-
-
-def cache_writes_on() -> bool:
-    """False while `scattered()` is active (compiled graphs are keyed by it)."""
-    return _cache_writes.on
 
 
 @dataclass(frozen=True)
@@ -272,7 +259,7 @@ class HeadPrep:
     def writes_cache(self) -> bool:
         """Whether `into_cache` verified on this device (`attach` checks it; nothing runs here,
         so a compiled graph may ask while tracing)."""
-        return _cache_writes.on and _CACHE_VERDICTS.get(self) == ""
+        return _CACHE_VERDICTS.get(self) == ""
 
     def _launch(self, mode: str, args: list, shapes: list[tuple]) -> list[mx.array]:
         s = self.spec

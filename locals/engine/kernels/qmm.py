@@ -396,10 +396,6 @@ class QmvKernel:
     k_split: int = 1  # tensor: blocks per column tile, each over an interleaved part of K
 
     @property
-    def takes_glu(self) -> bool:  # the joined [gate | up] input, `glu=True` (qmm_mma.py)
-        return self.tensor
-
-    @property
     def takes_norm(self) -> bool:  # the residual add and RMSNorm after the product (qmm_mma.py)
         return self.tensor and self.k_split == 1
 
@@ -434,19 +430,18 @@ class QmvKernel:
                 and dtype in SUPPORTED_DTYPES and scales_dtype == dtype)
 
     def __call__(self, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
-                 group_size: int, bits: int, glu: bool = False, gated: bool = False) -> mx.array:
-        """x @ dequantize(w).T; with `glu` (tensor kernels, `takes_glu`), silu(gate) * up @
-        dequantize(w).T for x = [gate | up] twice as wide as w's K; with `gated` (`takes_gated`),
-        silu(gate) * up for x @ dequantize(w).T = [gate | up] (half as wide as w's N)."""
-        if (glu and not self.takes_glu) or (gated and not self.takes_gated):
-            raise ValueError(f"{self.name} does not take a joined gate/up {'input' if glu else 'weight'}")
+                 group_size: int, bits: int, gated: bool = False) -> mx.array:
+        """x @ dequantize(w).T; with `gated` (`takes_gated`), silu(gate) * up for
+        x @ dequantize(w).T = [gate | up] (half as wide as w's N)."""
+        if gated and not self.takes_gated:
+            raise ValueError(f"{self.name} does not take a joined gate/up weight")
         *lead, k = x.shape
         rows = math.prod(lead)
         n = w.shape[0]
         x2 = x.reshape(rows, k)
         if self.tensor:  # one block per R columns (k_split blocks); 8-row tiles: three compiles in all
             out = qmm_mma.launch(x2, w, scales, biases, cols=self.cols_per_warp, threads=self.threads,
-                                 unroll=self.unroll, k_split=self.k_split, group_size=group_size, glu=glu,
+                                 unroll=self.unroll, k_split=self.k_split, group_size=group_size,
                                  gated=gated)[0]
             return out.reshape(*lead, n // 2 if gated else n)
         template = [("T", x.dtype), ("MB", row_bucket(rows)), ("R", self.cols_per_warp),
@@ -478,21 +473,12 @@ def candidates(backend: str) -> list[QmvKernel]:
         return []
     if backend == "metal":  # not timed on a Mac yet: every configuration
         return [QmvKernel(backend, r, t) for r in (1, 2, 4) for t in (128, 256)]
-    # CUDA: each configuration costs a runtime compile per row bucket when verified (tuning
-    # took over 200 s on the H200). On the H200 (kernels-gpu-20261129-141642.json) one column
-    # per warp never won and was within 5% of the best once in 48 cases, and staged R=4 with
-    # 512 threads asked for more registers than a launch may have: both left out.
-    plain = [QmvKernel(backend, r, t) for r in (2, 4) for t in (128, 256)]
-    staged = [QmvKernel(backend, 2, t, staged=True) for t in (256, 512)] + [QmvKernel(backend, 4, 256, staged=True)]
-    split = [QmvKernel(backend, r, t, split=True) for r in (2, 4) for t in (128, 256)]
-    # Tensor cores: on the H200 (tuning_table-gpu-20261130-150100.json) 32 columns with 128
-    # threads won 6 of 60 (shape, rows) cases, by 0.4-4.3% over the next: left out.
-    tensor = [QmvKernel(backend, r, t, tensor=True, unroll=u)
-              for r, t, u in ((16, 128, 1), (16, 256, 1), (32, 256, 1), (16, 128, 2), (16, 256, 2), (16, 512, 1))]
+    # CUDA: each configuration costs a runtime compile per row tile when verified, so tuning
+    # tries only the tensor-core configurations that won layers on the H200 (docs/tune.md,
+    # "Candidates"): the vector kernels, staged and split variants and the K split never did
+    # once the tensor-core kernels existed, and trying them made `locals tune` take over 5 minutes.
+    tensor = [QmvKernel(backend, r, t, tensor=True, unroll=u) for r, t, u in ((16, 128, 1), (16, 256, 1), (32, 256, 1),
+                                                                             (16, 128, 2))]
     # 17-32 rows: apart from the above so that one failing at 32 rows rejects only these.
-    wide = [QmvKernel(backend, r, t, tensor=True, wide=True) for r, t in ((16, 128), (16, 256), (32, 256))]
-    # K split over 2 or 4 blocks a column tile (qmm_mma.py): wins down_proj on the H200 by device
-    # time (17.6 vs 21.3 us at 8 rows), not once its second kernel's host cost is charged
-    # (tuning.HOST_US_PER_LAUNCH). Five other configurations trailed by 10-50% and are left out.
-    k_split = [QmvKernel(backend, 16, 256, tensor=True, k_split=ks) for ks in (2, 4)]
-    return plain + staged + split + tensor + wide + k_split
+    wide = [QmvKernel(backend, r, t, tensor=True, wide=True) for r, t in ((16, 128), (32, 256))]
+    return tensor + wide

@@ -22,10 +22,6 @@ them: `word & 0x000F000F` holds nibbles 0 and 4, `>> 4` nibbles 1 and 5, and so 
 pairs are rearranged to match with one byte-permute each. The next chunk's loads are issued before this chunk's
 arithmetic (two register stages of U chunks each: more bytes in flight per warp).
 
-With GLU, x is an MLP's joined gate/up output (M, 2K) and the kernel multiplies
-silu(gate) * up, computed in float as x is loaded: the down projection takes the joined
-output as it is, one kernel a layer fewer (glu.py verifies it before the engine uses it).
-
 With GATED, w is an MLP's joined [gate | up] weight (N = 2I rows) and the kernel writes
 silu(gate) * up (M, I) instead of the product: a 16-column tile takes 8 gate columns and the
 same 8 columns of up (the mma's rows g and g + 8), so every output's two sums end in one
@@ -98,21 +94,6 @@ __device__ inline uint4 locals_norm8(uint4 hv, uint4 wv, float inv) {
 __device__ inline void locals_store(float* p, size_t i, float v) { p[i] = v; }
 template <typename U>
 __device__ inline void locals_store(U* p, size_t i, float v) { p[i] = static_cast<U>(v); }
-// SwiGLU of eight gate and eight up values (16-byte loads of a 2-byte type), in float,
-// rounded once to U.
-template <typename U>
-__device__ inline uint4 locals_glu(uint4 gv, uint4 uv) {
-  uint4 out;
-  const U* gate = reinterpret_cast<const U*>(&gv);
-  const U* up = reinterpret_cast<const U*>(&uv);
-  U* o = reinterpret_cast<U*>(&out);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float a = static_cast<float>(gate[j]);
-    o[j] = static_cast<U>(a / (1.0f + expf(-a)) * static_cast<float>(up[j]));
-  }
-  return out;
-}
 """
 
 CUDA_MMA_SOURCE = r"""
@@ -178,12 +159,11 @@ CUDA_MMA_SOURCE = r"""
 #pragma unroll
     for (int i = 0; i < TILES; ++i) {
       const int m = g + 8 * i;
-      // GLU: x rows are [gate | up] (2K wide) and the product takes silu(gate) * up.
-      const uint4* xp = reinterpret_cast<const uint4*>(x + size_t(m) * (GLU ? 2 * K : K) + k0);
+      const uint4* xp = reinterpret_cast<const uint4*>(x + size_t(m) * K + k0);
 #pragma unroll
       for (int v = 0; v < 4; ++v) {
         if (kin && m < M) {
-          st.xv[i][v] = GLU ? locals_glu<T>(xp[v], xp[v + K / 8]) : xp[v];
+          st.xv[i][v] = xp[v];
         } else {
           st.xv[i][v] = make_uint4(0u, 0u, 0u, 0u);
         }
@@ -420,20 +400,19 @@ def _kernel(variant: str):
 
 
 def launch(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, *, cols: int, threads: int,
-           unroll: int, k_split: int, group_size: int, glu: bool = False, gated: bool = False,
+           unroll: int, k_split: int, group_size: int, gated: bool = False,
            add_norm: tuple[mx.array, ...] | None = None) -> list[mx.array]:
-    """[d = x @ dequantize(w).T] for x (rows, K); with `glu`, x is [gate | up] (rows, 2K); with
-    `gated`, w is [gate | up] (2I, K) and the output silu(gate) * up (rows, I). With
-    `add_norm` = (res, nw, eps, count): [d, h = res + d, rms_norm(h) * nw] (k_split 1 only;
-    count a uint32 zero that only this layer's launches use, one after another)."""
+    """[d = x @ dequantize(w).T] for x (rows, K); with `gated`, w is [gate | up] (2I, K) and the
+    output silu(gate) * up (rows, I). With `add_norm` = (res, nw, eps, count):
+    [d, h = res + d, rms_norm(h) * nw] (k_split 1 only; count a uint32 zero that only this
+    layer's launches use, one after another)."""
     rows, n = x.shape[0], w.shape[0]
     if add_norm is not None and (k_split > 1 or n % 8):
         raise ValueError("the residual add and norm take one block per column tile and N a multiple of 8")
     if gated and (k_split > 1 or add_norm is not None or n % 2):
         raise ValueError("the gated output takes one block per column tile, no add + norm, and an even N")
     template = [("T", x.dtype), ("MB", tensor_tile(rows)), ("NC", cols // 16), ("NT", threads),
-                ("GS", group_size), ("F16", x.dtype == mx.float16), ("U", unroll), ("KS", k_split), ("GLU", glu),
-                ("GATED", gated)]
+                ("GS", group_size), ("F16", x.dtype == mx.float16), ("U", unroll), ("KS", k_split), ("GATED", gated)]
     if add_norm is not None:  # the finishing block's eight-value groups per lane
         template.append(("TV", -(-n // 256)))
     partial = k_split > 1

@@ -9,7 +9,6 @@ Without a table nothing changes.
 from __future__ import annotations
 
 import math
-from contextlib import AbstractContextManager
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -17,36 +16,10 @@ from mlx.utils import tree_unflatten
 
 from locals.engine.kernels import glu, normfold
 from locals.engine.kernels.resident import float_constant
-from locals.engine.kernels.switch import Switch
-from locals.engine.kernels.tuning.tuner import (MLX_OP, Problem, TuningTable, current_chip, default_candidates, fill_rows,
-                                         load_table, problem_of, tied_head)
+from locals.engine.kernels.tuning.tuner import (MLX_OP, Problem, TuningTable, current_chip, default_candidates,
+                                                fill_rows, load_table, problem_of, tied_head)
 
-
-_kernels = Switch()  # off while mlx_ops_only() is active
-_gated = Switch()  # off while ungated() is active
 _swaps = {"count": 0}  # bumped by modules_swapped(): compiled graphs of older modules are stale
-
-
-def mlx_ops_only() -> AbstractContextManager[None]:
-    """While active, tuned layers run MLX's own op: measures a peer, or locals without
-    kernels, on the same model object side by side (not for concurrent serving)."""
-    return _kernels.off()
-
-
-def ungated() -> AbstractContextManager[None]:
-    """While active, joined gate/up layers write [gate | up] and MLX applies the activation
-    (benchmarks time the gated fold against that on one engine)."""
-    return _gated.off()
-
-
-def gated_active() -> bool:
-    """Whether folded activations may run (not inside `ungated()`; compiled graphs are keyed by it)."""
-    return _gated.on
-
-
-def bypassed() -> bool:
-    """Whether `mlx_ops_only()` is active (compiled graphs that traced a kernel must not be reused)."""
-    return not _kernels.on
 
 
 def modules_swapped() -> None:
@@ -79,23 +52,11 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
             return super().__call__(x)
         return y + self["bias"] if "bias" in self else y
 
-    def glu(self, gu: mx.array) -> mx.array | None:
-        """This layer applied to silu(gate) * up for gu = [gate | up], in one kernel where
-        glu.py verified it for gu's row count; None otherwise (the caller applies the
-        activation and calls the layer)."""
-        rows = math.prod(gu.shape[:-1])
-        if rows not in self._routes.glu_rows or not _kernels.on or gu.dtype != self["scales"].dtype:
-            return None
-        y = self._routes.get(rows)(gu, self["weight"], self["scales"], self["biases"], self.group_size, self.bits,
-                                   glu=True)
-        return y + self["bias"] if "bias" in self else y
-
     def gated(self, x: mx.array) -> mx.array | None:
         """silu(gate) * up for this joined [gate | up] layer's output on x, in one kernel where
         glu.py verified it for x's row count; None otherwise (the caller runs the layer and the activation)."""
         rows = math.prod(x.shape[:-1])
-        if (rows not in self._routes.gated_rows or not _kernels.on or not _gated.on
-                or x.dtype != self["scales"].dtype or "bias" in self):
+        if rows not in self._routes.gated_rows or x.dtype != self["scales"].dtype or "bias" in self:
             return None
         return self._routes.get(rows)(x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits,
                                       gated=True)
@@ -105,8 +66,8 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
         row count and `norm` is a plain RMSNorm; None otherwise (the caller calls the layer,
         adds and normalizes)."""
         rows = math.prod(x.shape[:-1])
-        if (rows not in self._routes.norm_rows or not _kernels.on or x.dtype != self["scales"].dtype
-                or "bias" in self or type(norm) is not nn.RMSNorm):
+        if (rows not in self._routes.norm_rows or x.dtype != self["scales"].dtype or "bias" in self
+                or type(norm) is not nn.RMSNorm):
             return None
         h2, xn = self._routes.get(rows).add_norm(x.reshape(rows, x.shape[-1]), h.reshape(rows, h.shape[-1]),
                                                   norm.weight, float_constant(norm.eps), self._routes.count,
@@ -126,12 +87,6 @@ class TunedQuantizedLinear(nn.QuantizedLinear):
         projection's; glu.py) and use it for the row counts that pass; returns how many."""
         self._routes.gated_rows = glu.gated_rows(self._routes.kernels, *self._problem())
         return len(self._routes.gated_rows)
-
-    def fold_glu(self) -> int:
-        """Check the joined gate/up form of this layer's kernels on this device (a down
-        projection's; glu.py) and use it for the row counts that pass; returns how many."""
-        self._routes.glu_rows = glu.foldable_rows(self._routes.kernels, *self._problem())
-        return len(self._routes.glu_rows)
 
     def _problem(self) -> tuple:
         """(n, k, bits, group size, dtype) of this layer, as the fold checks take them."""
@@ -160,7 +115,7 @@ class TunedQuantizedEmbedding(nn.QuantizedEmbedding):
 def _routed(layer, x: mx.array) -> mx.array | None:
     """`layer`'s weights applied to x by the kernel tuned for x's row count; None where MLX's op serves."""
     kernel = layer._routes.get(math.prod(x.shape[:-1]))
-    if kernel is None or not _kernels.on or x.dtype != layer["scales"].dtype:
+    if kernel is None or x.dtype != layer["scales"].dtype:
         return None
     return kernel(x, layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits)
 
@@ -170,9 +125,8 @@ class _Routes:
 
     def __init__(self, kernels: dict[int, object]):
         self.kernels = dict(kernels)
-        self.glu_rows: set[int] = set()  # row counts whose kernel also takes [gate | up] (fold_glu)
-        self.gated_rows: set[int] = set()  # ... writes silu(gate) * up of a joined weight (fold_gated)
-        self.norm_rows: set[int] = set()  # ... and the residual add + RMSNorm after it (fold_norm)
+        self.gated_rows: set[int] = set()  # row counts whose kernel writes silu(gate) * up (fold_gated)
+        self.norm_rows: set[int] = set()  # ... whose kernel also adds the residual and normalizes (fold_norm)
         self.count = None  # the add + norm kernel's launch counter, this layer's own (normfold.py)
 
     def get(self, rows: int):
@@ -180,8 +134,7 @@ class _Routes:
 
     def __repr__(self) -> str:
         names = sorted({k.name for k in self.kernels.values()})
-        folded = f", gate/up folded at rows {sorted(self.glu_rows)}" if self.glu_rows else ""
-        folded += f", silu(gate) * up at rows {sorted(self.gated_rows)}" if self.gated_rows else ""
+        folded = f", silu(gate) * up at rows {sorted(self.gated_rows)}" if self.gated_rows else ""
         folded += f", add + norm folded at rows {sorted(self.norm_rows)}" if self.norm_rows else ""
         return f"rows {sorted(self.kernels)} -> {', '.join(names)}{folded}"
 
