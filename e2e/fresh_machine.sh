@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A fresh machine follows the README: its two set-up commands, read from README.md's "Set up"
-# section, run in a clean clone of this checkout with a fresh HOME (so install.sh builds a new
-# environment under it) and an empty environment, after bubblewrap and OpenBLAS were removed.
+# section, run in a clean clone of this checkout inside a fresh HOME (so install.sh builds a new
+# environment under it) with an empty environment, after bubblewrap and OpenBLAS were removed.
 #   1. The install command must pass and put both packages back; `locals run` must then answer
 #      a question about a tiny project on the installed daemon.
 #   2. With bubblewrap removed again, the test command must pass: the tests that need a sandbox
@@ -28,7 +28,8 @@ if [ "${#commands[@]}" != 2 ] || [[ "${commands[0]}" != ./install.sh* ]] || [[ "
   exit 1
 fi
 
-work=$(mktemp -d)
+# Outside /tmp, as a user's home is: the sandbox treats /tmp apart (docs/run.md).
+work=$(mktemp -d /var/tmp/locals-fresh.XXXXXX)
 home="$work/home"
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 mkdir "$home"
@@ -50,8 +51,8 @@ trap restore EXIT
 
 say "removing ${packages[*]}"
 apt-get remove -y -qq "${packages[@]}" >/dev/null
-git clone -q "$repo" "$work/locals"
-cd "$work/locals"
+git clone -q "$repo" "$home/locals"
+cd "$home/locals"
 
 say "README install command: ${commands[0]}"
 fresh bash -c "${commands[0]}"
@@ -59,7 +60,7 @@ command -v bwrap >/dev/null || { echo "fresh-machine: install.sh did not install
 dpkg -s libopenblas0-pthread >/dev/null 2>&1 || { echo "fresh-machine: install.sh did not install OpenBLAS"; exit 1; }
 
 say "locals run, question mode, right after install.sh (daemon on port $port)"
-project="$work/project"
+project="$home/project"
 mkdir "$project"
 git -C "$project" init -q
 printf 'def add(a, b):\n    return a + b\n' >"$project/calc.py"
