@@ -10,7 +10,7 @@ import pytest
 from locals.engine.forward import compiled as compiled_mod
 from locals.engine.forward.choices import ForwardChoices
 from locals.engine.forward.compiled import CompiledBlocks
-from locals.engine.forward.forward import RowInput, forward
+from locals.engine.forward.forward import RowInput, forward, step_rows
 from locals.engine.forward.fuse import fuse_projections
 from locals.engine.kernels import registry
 from locals.engine.kernels.headprep import cache_verified, spec_of
@@ -82,12 +82,18 @@ def test_whole_steps_write_keys_through_the_head_kernel_where_the_scatter_writes
         layer.self_attn.decode_attention = OpsAttention("cpu", 4, 2, 64, mx.float32)
     whole, _ = _steps(model, picks, whole=True, caches=caches)
     # Traced once per batch shape, each layer writing every row's slot (meta: slots, then lengths).
-    assert sorted(set(writes)) == sorted({(2 * len(p),) for p in picks})
+    # Three rows fill the batch's four slots (step_rows); two of the three members cannot (one
+    # slot is free) and run as two; one row runs alone.
+    in_step = {3: 4, 2: 2, 1: 1}
+    assert step_rows(3, 4) == 4 and step_rows(1, 4) == 1
+    assert sorted(set(writes)) == sorted({(2 * in_step[len(p)],) for p in picks})
     assert len(writes) == len(model.model.layers) * len({len(p) for p in picks})
     for a, b in zip(whole, seams):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4)
+    members, rows_cap = 3, caches[0].shape[0] // 2  # the padding rows' slots hold nothing of anyone's
     for a, b in zip(caches, expected_caches):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        for part in (slice(0, members), slice(rows_cap, rows_cap + members)):
+            np.testing.assert_allclose(a[part], b[part], rtol=1e-5, atol=1e-5)
 
 
 def _attach_writing_head_kernel(model) -> list:

@@ -294,15 +294,15 @@ def test_compiled_layers_are_traced_again_when_modules_or_forward_choices_change
 
     layers = tiny_llama.model.model.layers
     blocks, served, baseline = CompiledBlocks(), ForwardChoices(), ForwardChoices(fused=False)
-    seams = blocks.seams(layers, served)
-    assert len(seams) == len(layers) + 1 and blocks.seams(layers, served) is seams
-    other = blocks.seams(layers, baseline)  # a trace that used a fused kernel must not serve MLX's ops
+    seams = blocks.seams(layers, served, 1)
+    assert len(seams) == len(layers) + 1 and blocks.seams(layers, served, 1) is seams
+    other = blocks.seams(layers, baseline, 1)  # a trace that used a fused kernel must not serve MLX's ops
     assert other is not seams
-    assert blocks.seams(layers, ForwardChoices()) is seams  # an equal value: the same graphs
+    assert blocks.seams(layers, ForwardChoices(), 1) is seams  # an equal value: the same graphs
     modules_swapped()  # e.g. tuned-kernel patching swapped a layer's linears
-    fresh = blocks.seams(layers, served)
+    fresh = blocks.seams(layers, served, 1)
     assert fresh is not seams and fresh is not other
-    assert blocks.seams(layers, baseline) is not other  # stale graphs of either choice are dropped
+    assert blocks.seams(layers, baseline, 1) is not other  # stale graphs of either choice are dropped
 
 
 def test_patching_a_model_counts_as_a_swap(tiny_llama, monkeypatch):
@@ -329,7 +329,7 @@ def test_decode_batch_grows_past_a_block(tiny_llama):
         for s in seqs:
             s.append(100 + step)
         out = forward(model, [RowInput(mx.array(s[-1:]), 1, kv, True) for s, kv in zip(seqs, kvs)])
-    assert batch.t_cap == 512
+    assert batch.t_cap == 384  # the next capacity after 256 (kv.token_capacity)
     for i, s in enumerate(seqs):
         assert mx.allclose(out[i], _plain_last_logits(model, s), atol=1e-4)
 
@@ -338,13 +338,13 @@ def test_long_row_decodes_on_its_own_caches_next_to_the_batch(tiny_llama):
     model = tiny_llama.model
     n_layers = len(model.layers)
     batch = DecodeBatch(n_layers)
-    seqs = [list(range(10, 15)), list(range(20, 29)), [(7 * i) % 500 + 3 for i in range(300)]]
+    seqs = [list(range(10, 15)), list(range(20, 29)), [(7 * i) % 500 + 3 for i in range(600)]]
     kvs = [RowKV(n_layers, batch) for _ in seqs]
     forward(model, [RowInput(mx.array(s[:-1]), len(s) - 1, kv, False) for s, kv in zip(seqs, kvs)])
     out = forward(model, [RowInput(mx.array(s[-1:]), 1, kv, True) for s, kv in zip(seqs, kvs)])
-    # Padding the two short rows to 300 positions would exceed the bound: the long row stays out.
+    # Padding the two short rows to 600 positions would exceed the bound: the long row stays out.
     assert kvs[0].resident and kvs[1].resident and not kvs[2].resident
-    assert not batch.fits(kvs[2].offset) and kvs[2].offset == 300
+    assert not batch.fits(kvs[2].offset) and kvs[2].offset == 600
     for i, s in enumerate(seqs):
         assert mx.allclose(out[i], _plain_last_logits(model, s), atol=1e-4)
 
@@ -384,9 +384,9 @@ def test_decode_batch_keeps_every_row_through_growing_and_shrinking():
         return all(mx.array_equal(a, b) for pair, again in zip(snap, row.snapshot()) for a, b in zip(pair, again))
 
     assert all(same(r, s) for r, s in zip(rows, kept))
-    batch.reserve(6, 300)  # positions grow by a block
-    assert batch.t_cap == 512 and all(same(r, s) for r, s in zip(rows, kept))
-    for row in rows[:4]:  # two members left of eight slots: both axes shrink
+    batch.reserve(6, 300)  # positions grow to the next capacity (kv.token_capacity)
+    assert batch.t_cap == 384 and all(same(r, s) for r, s in zip(rows, kept))
+    for row in rows[:4]:  # two members left of eight slots: the rows shrink (positions only below half)
         row.release()
-    assert (batch.rows_cap, batch.t_cap) == (4, 256)
+    assert (batch.rows_cap, batch.t_cap) == (4, 384)
     assert [r.slot for r in rows[4:]] == [1, 0] and all(same(r, s) for r, s in zip(rows[4:], kept[4:]))

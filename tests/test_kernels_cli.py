@@ -47,10 +47,10 @@ def test_status_says_what_the_kernels_are_doing():
     from locals.cli.daemon import kernels_line
 
     assert kernels_line({}) is None  # a CPU: nothing to say
-    assert kernels_line({"tuned_layers": 0, "tuning_left": 0}) is None
-    assert kernels_line({"tuned_layers": 108, "tuning_left": 0}) == "108 layers use tuned kernels"
-    assert kernels_line({"tuned_layers": 0, "tuning_left": 35}) == (
-        "0 layers use tuned kernels; tuning while idle, 35 layer shape x row count pairs left")
+    assert kernels_line({"tuned_layers": 0, "untuned_pairs": 0}) is None
+    assert kernels_line({"tuned_layers": 108, "untuned_pairs": 0}) == "108 layers use tuned kernels"
+    assert kernels_line({"tuned_layers": 0, "untuned_pairs": 35}) == (
+        "0 layers use tuned kernels; 35 layer shape x row count pairs untuned (run `locals tune`)")
     assert kernels_line({"tuned_layers": 144, "fused_kernel_layers": {"heads": 36, "norms": 36}}) == (
         "144 layers use tuned kernels; fused q/k norm + RoPE in 36 layers, add + norm in 36 layers")
     assert kernels_line({"fused_kernel_layers": {"heads": 0, "norms": 0}}) is None

@@ -21,6 +21,10 @@ from locals.engine.cache.tiered_cache import TieredPrefixCache
 log = logging.getLogger(__name__)
 
 DISK_CACHE_BYTES = 4 * 1024**3
+# Seconds of decode-step compiles before the server says ready (the rest follow while idle):
+# a first request then meets compiled shapes, and a cold start stays within seconds of
+# mlx_lm.server's (docs/benchmarks.md, "Served traffic").
+WARM_UP_S = 8.0
 
 
 def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: bool = True,
@@ -41,7 +45,7 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
 def config_from_settings() -> EngineConfig:
     """EngineConfig with the engine's LOCALS_* settings applied (locals/settings.py), for `serve` and `start`."""
     config = EngineConfig(max_batch=settings.MAX_BATCH.get(), speculate=settings.SPECULATE.get(),
-                          tuned_kernels=settings.KERNELS.get())
+                          tuned_kernels=settings.KERNELS.get(), warm_up_s=WARM_UP_S)
     if settings.KV_BUDGET_MB.get() is not None:
         config.kv_budget_bytes = int(settings.KV_BUDGET_MB.get() * 2**20)
     if settings.PREFIX_CACHE_MB.get() is not None:

@@ -41,14 +41,13 @@ class EngineConfig:
     # Draft only while at most this many rows decode: past it the batch is compute-bound
     # and extra verified positions cost more than they save.
     speculate_max_rows: int = 8
-    # Background work (kernel tuning on an untuned GPU) starts only after this many seconds
-    # without a request: agents send their next turn within moments of a reply.
-    idle_work_after_s: float = 5.0
-    # Route small-batch quantized matmuls to this chip's tuned kernels (and tune them while
-    # idle on an untuned GPU), and use the fused norm/RoPE/residual kernels that verify on it;
+    # Route small-batch quantized matmuls to this chip's tuned kernels (`locals tune`), and use the fused norm/RoPE/residual kernels that verify on it;
     # False patches and attaches nothing, so MLX's own ops run (on a model no other engine
     # patched: beside one that did, give it `kernels.mlx_ops_twin(model)`).
     tuned_kernels: bool = True
+    # Seconds the engine may spend compiling decode-step shapes before it takes requests; the
+    # rest compile one at a time while no request is around (warmup.py). 0: compile on first use.
+    warm_up_s: float = 0.0
     # Join each layer's q/k/v and gate/up linears into one matmul each (fuse.py): three
     # kernels fewer per layer. False leaves the model's modules as loaded.
     fuse_projections: bool = True

@@ -112,6 +112,7 @@ async def _load(state: ServerState, model: str | None):
         return None, str(exc)
     engine = await _in_daemon_thread(create_engine, loaded)
     engine.start()
+    await _in_daemon_thread(engine.ready.wait)  # the likeliest decode-step shapes compiled first
     state.model = loaded.name
     state.backend = Backend(loaded, engine, max_tokens=state.max_tokens, overflow_policy=state.overflow)
     log.info("serving %s (%s) loaded in %.1f s", loaded.name, loaded.model_id, loaded.load_seconds)

@@ -22,7 +22,7 @@ from locals.engine.kernels.decode_attention import active_for as attention_kerne
 from locals.engine.kernels.decode_attention import reference as attention_reference
 from locals.engine.kernels.registry import swap_count
 
-STEP_GRAPHS = 32  # whole-step graphs kept, one per batch shape, least recently used dropped
+STEP_GRAPHS = 160  # whole-step graphs kept (every shape warmup.py compiles), least recently used dropped
 
 
 class CompiledBlocks:
@@ -38,6 +38,11 @@ class CompiledBlocks:
     def __init__(self):
         self._graphs: dict[tuple, object] = {}
         self._steps: OrderedDict[tuple, Callable] = OrderedDict()
+        self._seam_lengths: dict[tuple, set[int]] = {}  # pass lengths each set of seams was traced for
+        # False: a shape not traced yet runs uncompiled rather than wait for a trace (an engine
+        # that compiles its shapes ahead, warmup.py, turns it on only while it traces them).
+        self.on_demand = True
+        self.uncompiled_passes = 0  # short passes that ran uncompiled for that reason
 
     def _key(self, choices: ForwardChoices, key: tuple) -> tuple:
         return (swap_count(), choices) + key
@@ -51,20 +56,31 @@ class CompiledBlocks:
             graph = self._graphs[key] = make()
         return graph
 
-    def seams(self, layers: list, choices: ForwardChoices) -> list:
-        """[project 0, finish 0 + project 1, …, finish L-1]: one compiled call per layer
-        boundary instead of two (a call costs ~20 µs of host time on a 2-core x86 VM)."""
+    def seams(self, layers: list, choices: ForwardChoices, length: int) -> list | None:
+        """[project 0, finish 0 + project 1, …, finish L-1] for a pass of `length` tokens: one
+        compiled call per layer boundary instead of two (a call costs ~20 µs of host time on a
+        2-core x86 VM). None when not traced for that length and not `on_demand`."""
+        key = self._key(choices, ("seams", id(layers)))
+        traced = self._seam_lengths.setdefault(key, set())
+        if length not in traced:
+            if not self.on_demand:
+                self.uncompiled_passes += 1
+                return None
+            traced.add(length)
         return self._get(choices, ("seams", id(layers)), lambda: _compile_seams(layers, choices))
 
-    def step(self, model, attention: tuple, shape: tuple, choices: ForwardChoices) -> Callable:
+    def step(self, model, attention: tuple, shape: tuple, choices: ForwardChoices) -> Callable | None:
         """The whole decode step of `model` (see `compile_step`) for one way of attending
         (`step_attention`) and one shape of the batch (rows, rows_cap, t_cap): one graph each,
         the STEP_GRAPHS most recently used kept (a daemon meets many shapes as agents come and
-        go and their rows grow)."""
+        go and their rows grow). None when not traced yet and not `on_demand`."""
         key = self._key(choices, (id(model), attention, shape))
         if key in self._steps:
             self._steps.move_to_end(key)
             return self._steps[key]
+        if not self.on_demand:
+            self.uncompiled_passes += 1
+            return None
         for stale in [k for k in self._steps if k[0] != key[0]]:  # modules swapped out since
             del self._steps[stale]
         while len(self._steps) >= STEP_GRAPHS:

@@ -63,7 +63,9 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None, choice
     inner = model.model
     plan = BatchPlan(rows)
     if compiled is not None and _whole_step_fits(plan, rows, choices):
-        return _whole_step(model, rows, plan, compiled, choices)
+        logits = _whole_step(model, rows, plan, compiled, choices)
+        if logits is not None:
+            return logits
     batched = {id(r) for r in plan.rows}
     # The batch's rows go first so their tokens are one slice of the flat sequence.
     order = plan.rows + [r for r in rows if id(r) not in batched]
@@ -80,7 +82,7 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None, choice
     others = order[len(plan.rows):]  # prompt chunks on their own caches
     layers = inner.layers
     short = compiled is not None and start <= choices.compile_max_tokens
-    seams = compiled.seams(layers, choices) if short else None
+    seams = compiled.seams(layers, choices, start) if short else None
     if seams is None:
         x = None
         for li, layer in enumerate(layers):
@@ -113,19 +115,35 @@ def _whole_step_fits(plan: BatchPlan, rows: list[RowInput], choices: ForwardChoi
 
 
 def _whole_step(model, rows: list[RowInput], plan: BatchPlan, compiled: CompiledBlocks,
-                choices: ForwardChoices) -> mx.array:
-    """The step as one compiled call (compiled.py): logits (B, vocab) in `rows`' order."""
+                choices: ForwardChoices) -> mx.array | None:
+    """The step as one compiled call (compiled.py): logits (B, vocab) in `rows`' order; None
+    (nothing done) when its shape is not compiled yet and the engine compiles ahead."""
     batch = plan.batch
-    tokens = join_rows([r.tokens for r in plan.rows])  # last step's tokens in order: that array itself
-    positions = mx.array(plan.lengths)  # each row's one new token sits at its length
-    graph = compiled.step(model, step_attention(model, plan, choices), (len(plan.rows), batch.rows_cap, batch.t_cap),
+    # Few row counts, so the compiled step meets few shapes (docs/arch/engine.md, "Shapes").
+    rows_in_step = step_rows(len(plan.rows), batch.rows_cap)
+    inputs = plan.padded_step(rows_in_step)
+    if inputs is None:  # members waiting out this step hold the free slots: this step's exact count
+        rows_in_step, inputs = len(plan.rows), plan.padded_step(len(plan.rows))
+    graph = compiled.step(model, step_attention(model, plan, choices), (rows_in_step, batch.rows_cap, batch.t_cap),
                           choices)
-    logits, *kvs = graph(tokens, positions, plan.index, plan.meta, *batch.kv)
+    if graph is None:
+        return None
+    tokens = join_rows([r.tokens for r in plan.rows])  # last step's tokens in order: that array itself
+    if rows_in_step > len(plan.rows):
+        tokens = mx.concatenate([tokens, mx.zeros((rows_in_step - len(plan.rows),), tokens.dtype)])
+    positions, index, meta = inputs  # each row's one new token sits at its length
+    logits, *kvs = graph(tokens, positions, index, meta, *batch.kv)
     batch.kv[:] = kvs  # written in place: by the head kernel, or by the scatter (the old arrays are only inputs)
     plan.advance()
     at = {id(r): i for i, r in enumerate(plan.rows)}
     order = [at[id(r)] for r in rows]
-    return logits if order == list(range(len(rows))) else logits[mx.array(order)]
+    return logits if order == list(range(rows_in_step)) else logits[mx.array(order)]
+
+
+def step_rows(rows: int, slots: int) -> int:
+    """Rows a compiled decode step runs for `rows` decoding rows in a batch of `slots`: one row
+    alone, else every slot (a few more rows cost a decode step little; each count is a graph)."""
+    return 1 if rows == 1 else slots
 
 
 def _attend(attn, q: mx.array, kv: mx.array, plan: BatchPlan, others: list[RowInput], spans,

@@ -121,7 +121,7 @@ class DecodeBatch:
     def fits(self, n: int) -> bool:
         """Whether a row of `n` tokens may join without padding the batch past MAX_PADDING."""
         lengths = [m.length for m in self.members] + [n]
-        padded = len(lengths) * _round_up(max(lengths) + 1)
+        padded = len(lengths) * token_capacity(max(lengths) + 1)
         return padded <= MAX_PADDING * sum(lengths) + len(lengths) * T_STEP
 
     def join(self, row: RowKV) -> None:
@@ -159,14 +159,14 @@ class DecodeBatch:
         if not self.kv:
             if k_dim != v_dim:  # llama/qwen-family layers (the only ones batched) have k_dim == v_dim
                 raise ValueError(f"keys of width {k_dim} and values of width {v_dim} cannot share one array")
-            self.rows_cap, self.t_cap = row_capacity(rows), _round_up(t)
+            self.rows_cap, self.t_cap = row_capacity(rows), token_capacity(t)
             self.kv = [mx.zeros((2 * self.rows_cap, kv_heads, self.t_cap, k_dim), dtype)
                        for _ in range(self.n_layers)]
             return
         if rows > self.rows_cap:
             self._resize(row_capacity(rows), self.t_cap)
         if t > self.t_cap:
-            self._resize(self.rows_cap, _round_up(t))
+            self._resize(self.rows_cap, token_capacity(t))
 
     def _resize(self, rows: int, t: int) -> None:
         """New arrays of `rows` slots and `t` positions holding what fits of the current ones."""
@@ -183,8 +183,10 @@ class DecodeBatch:
         if not self.members:
             self.kv, self.rows_cap, self.t_cap = [], 0, 0
             return
-        rows = self.rows_cap // 2 if len(self.members) <= self.rows_cap // 4 else self.rows_cap
-        t = _round_up(max(m.length for m in self.members) + 1)
+        rows = self.rows_cap
+        while rows > 4 and len(self.members) <= rows // 4:  # so one row alone always sits in 4 slots
+            rows //= 2
+        t = token_capacity(max(m.length for m in self.members) + 1)
         t = t if t <= self.t_cap // 2 else self.t_cap
         if rows != self.rows_cap or t != self.t_cap:
             self._resize(rows, t)
@@ -207,7 +209,7 @@ class DecodeBatch:
         return a[slot : slot + 1, :, :n, :], a[at : at + 1, :, :n, :]
 
 
-def _round_up(t: int) -> int:
+def token_capacity(t: int) -> int:
     """The token capacity for `t` positions: powers of two from T_STEP and one and a half times
     each (256, 384, 512, 768, 1024, 1536, …), at most 1.5× the positions held. Each capacity is
     a shape of the compiled decode step: few of them, so they can be compiled before they are

@@ -1,0 +1,101 @@
+"""Compiles the decode step's shapes before a request needs them.
+
+A whole decode step is one compiled graph per shape (rows in the step, slots of the decode
+batch, token capacity; forward/compiled.py), and a graph traced while a request waits holds
+every stream of that step. The shapes are few by construction (forward/kv.py's capacities,
+forward.py's `step_rows`), so the engine traces them ahead: the likeliest before the server
+says it is ready, the rest one at a time between steps while no request is around. Each
+shape runs through the real forward pass on placeholder rows (zeros in a throwaway decode
+batch), so what is traced is exactly what a request would meet. See docs/arch/engine.md,
+"Shapes".
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from itertools import zip_longest
+
+import mlx.core as mx
+
+from locals.engine.forward.forward import RowInput, forward, supports_ragged
+from locals.engine.forward.kv import DecodeBatch, RowKV, token_capacity, row_capacity
+
+log = logging.getLogger(__name__)
+
+
+def step_shapes(max_batch: int, max_positions: int, kv_positions: int) -> Iterator[tuple[int, int, int]]:
+    """(rows, slots, capacity) of whole decode steps, likeliest first: one row alone in 4 slots,
+    or as many rows as slots (forward.py's `step_rows`; slots are powers of two from 4, kv.py);
+    capacities from the smallest up to `max_positions` (the model's context), batches within
+    `kv_positions` (the KV budget, in tokens)."""
+    capacities = [token_capacity(1)]
+    while capacities[-1] < max_positions:
+        capacities.append(token_capacity(capacities[-1] + 1))
+    slots = sorted({row_capacity(1 << i) for i in range(max(max_batch, 1).bit_length())})
+    for t_cap in capacities:
+        for rows, n_slots in [(1, 4)] + [(n, n) for n in slots]:
+            if n_slots * t_cap <= kv_positions:
+                yield rows, n_slots, t_cap
+
+
+class ShapeWarmer:
+    """Traces one engine's short passes shape by shape, on the engine thread: whole decode steps
+    (`step_shapes`) and the seams of passes up to `compile_max_tokens` tokens, interleaved so the
+    likeliest of both come first. Until a shape is traced, passes of that shape run uncompiled
+    (`CompiledBlocks.on_demand` off): slower, but nothing waits for a trace."""
+
+    def __init__(self, model, runner, max_batch: int, max_positions: int, kv_positions: int):
+        self.model, self.runner = model, runner
+        runner.compiled.on_demand = False
+        steps = step_shapes(max_batch, max_positions, kv_positions)
+        lengths = range(1, runner.choices.compile_max_tokens + 1)
+        self._todo = _interleave(((self._trace_step, s) for s in steps),
+                                 ((self._trace_seams, (n,)) for n in lengths))
+        self.traced = 0
+        self.seconds = 0.0
+
+    def warm(self, budget_s: float, stop=lambda: False) -> bool:
+        """Trace shapes until `budget_s` has passed or `stop()`; True while shapes remain."""
+        start = time.perf_counter()
+        for trace, shape in self._todo:
+            began = time.perf_counter()
+            self.runner.compiled.on_demand = True
+            try:
+                trace(*shape)
+            finally:
+                self.runner.compiled.on_demand = False
+            took = time.perf_counter() - began
+            self.traced, self.seconds = self.traced + 1, self.seconds + took
+            log.debug("compiled %s %s in %.2f s", trace.__name__.removeprefix("_trace_"), shape, took)
+            if time.perf_counter() - start >= budget_s or stop():
+                return True
+        return False
+
+    def _trace_step(self, rows: int, slots: int, t_cap: int) -> None:
+        """One decode step of `rows` placeholder rows in a batch of `slots` x `t_cap`, evaluated."""
+        n_layers = len(self.model.model.layers)
+        batch = DecodeBatch(n_layers)
+        first = RowKV(n_layers, batch)
+        self._run([RowInput(mx.zeros((2,), mx.int32), 2, first, False)])  # real K/V widths for the batch
+        batch.join(first)
+        batch.reserve(slots, t_cap)
+        for slot in range(1, rows):
+            row = RowKV(n_layers, batch)
+            row.slot, row.length, row.layers = slot, 2, None
+            batch.members.append(row)
+        self._run([RowInput(mx.zeros((1,), mx.int32), 1, row, True) for row in batch.members])
+
+    def _trace_seams(self, length: int) -> None:
+        """A pass of `length` tokens (a prompt's last chunk, drafts, forced tokens) through the seams."""
+        self._run([RowInput(mx.zeros((length,), mx.int32), length, RowKV(len(self.model.model.layers)), True)])
+
+    def _run(self, rows: list[RowInput]) -> None:
+        mx.eval(forward(self.model, rows, self.runner.compiled, self.runner.choices))
+
+
+def _interleave(first: Iterator, second: Iterator) -> Iterator:
+    """first[0], second[0], first[1], second[1], … then what is left of either."""
+    for pair in zip_longest(first, second):
+        yield from (item for item in pair if item is not None)
