@@ -19,6 +19,7 @@ from typing import Any
 from agents.agent import Agent, AgentResult, sampling_for
 from agents.check import Checker
 from agents.events import AgentStarted, EventSink, Part, PartDone, PlanReady, ignore
+from agents.patch_apply import recover
 from agents.planner import make_plan, single_part
 from agents.prompts import asker_messages, coder_messages
 from agents.sandbox import make_sandbox
@@ -79,6 +80,7 @@ class RunReport:
 async def run_team(options: RunOptions, client: ChatClient, on_event: EventSink = ignore) -> RunReport:
     """Run the whole task; never raises for an agent's failure, only for bad input or setup."""
     repo = open_project(options.directory)
+    recover(repo)  # an apply a killed run cut short: finished before anything else reads the tree
     clean_stale_runs()
     area = RunArea(repo)
     report = RunReport(mode="change" if options.check else "question")

@@ -9,17 +9,20 @@ timeout and an output cap; diffs are never computed in here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from locals import settings
 from agents import landlock_box
+from agents.command_bounds import (FLOOD_BYTES, LINGER_S, TAG_VARIABLE, BoundedOutput, kill_group,
+                                   kill_tagged)
 from locals.errors import LocalsError
 
 OUTPUT_CAP = 12_000
@@ -183,34 +186,67 @@ class CommandResult:
 async def run_confined(
     command: str, cwd: Path, sandbox: Sandbox, *, timeout_s: float = 120.0, cap: int = OUTPUT_CAP
 ) -> CommandResult:
-    """Run `command` under `sandbox`; kill its whole process group on timeout or cancellation."""
+    """Run `command` under `sandbox` within command_bounds' limits: its process group and every
+    process it started are killed when it ends, times out, floods its output, or is cancelled;
+    a process it left running may hold its output for LINGER_S after it exits, no longer."""
+    tag = uuid.uuid4().hex
     proc = await asyncio.create_subprocess_exec(
         *sandbox.wrap(command, cwd),
         cwd=str(cwd),
-        env=sandbox.env(),
+        env={**sandbox.env(), TAG_VARIABLE: tag},
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         start_new_session=True,
         preexec_fn=sandbox.preexec(),
     )
+    output = BoundedOutput(cap)
+    reading = asyncio.ensure_future(output.read(proc.stdout))
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
+        ending = await asyncio.wait_for(_ending(proc, reading), timeout=timeout_s)
     except asyncio.TimeoutError:
-        await _kill_group(proc)
-        return CommandResult(returncode=-1, output=f"(killed after {timeout_s:g} s)", timed_out=True)
-    except asyncio.CancelledError:
-        await _kill_group(proc)
-        raise
-    return CommandResult(returncode=proc.returncode or 0, output=cap_text(out.decode(errors="replace"), cap))
+        ending = f"killed after {timeout_s:g} s"
+    finally:  # cancelled too: nothing it started may outlive it
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+        kill_group(proc.pid)
+        await asyncio.to_thread(kill_tagged, tag)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(_closed(proc), LINGER_S)
+    text = output.text() + (f"\n({ending})" if ending else "")
+    stopped = ending.startswith(("killed", "stopped"))
+    return CommandResult(returncode=-1 if stopped else proc.returncode or 0, output=text,
+                         timed_out=ending.startswith("killed"))
 
 
-async def _kill_group(proc: asyncio.subprocess.Process) -> None:
+async def _ending(proc: asyncio.subprocess.Process, reading: asyncio.Future) -> str:
+    """Wait for the command; "" when it ended by itself, else a note on how it was ended."""
+    flood = f"stopped: more than {FLOOD_BYTES >> 20} MiB of output"
+    waiting = asyncio.ensure_future(_exited(proc))
+    await asyncio.wait({waiting, reading}, return_when=asyncio.FIRST_COMPLETED)
+    if reading.done() and not reading.result():
+        waiting.cancel()
+        return flood
+    await waiting
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+        whole = await asyncio.wait_for(asyncio.shield(reading), LINGER_S)
+    except asyncio.TimeoutError:
+        return "it left a process running that held its output; that process was stopped"
+    return "" if whole else flood
+
+
+async def _closed(proc: asyncio.subprocess.Process) -> None:
+    """Until the killed command's output pipe is closed (what is left unread is dropped)."""
+    while await proc.stdout.read(1 << 16):
         pass
     await proc.wait()
+
+
+async def _exited(proc: asyncio.subprocess.Process) -> None:
+    """Until the command's own process has exited. Not `proc.wait()`: on Python 3.11 that also
+    waits for its output pipe to close, which a process it left running keeps open."""
+    while proc.returncode is None:
+        await asyncio.sleep(0.05)
 
 
 def cap_text(text: str, cap: int) -> str:

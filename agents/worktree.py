@@ -2,7 +2,8 @@
 and untracked files included), the patch of an agent's work, and applying it to the user's tree.
 
 Worktrees live under the state dir, never inside the project. The user's working tree is
-written only by `apply_patch`, after `git apply --check` has passed.
+written only by `apply_patch`, after `git apply --check` has passed, and all at once
+(patch_apply.py): a killed run leaves the whole patch or none of it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import git
 import psutil
 
+from agents.patch_apply import apply_whole
 from locals import settings
 from locals.config import state_dir
 from locals.errors import LocalsError
@@ -164,7 +166,7 @@ def apply_patch(area: RunArea, patch: str, label: str) -> ApplyResult:
     except git.GitCommandError as exc:
         kept = area.keep_patch(patch, label)
         return ApplyResult(False, files, kept_at=kept, error=(exc.stderr or str(exc)).strip())
-    g.apply("--binary", str(patch_file))
+    apply_whole(area.repo, patch_file)
     return ApplyResult(True, files)
 
 
