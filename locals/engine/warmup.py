@@ -50,7 +50,7 @@ class ShapeWarmer:
         self.model, self.runner = model, runner
         runner.compiled.on_demand = False
         steps = step_shapes(max_batch, max_positions, kv_positions)
-        lengths = range(1, runner.choices.compile_max_tokens + 1)
+        lengths = [1 << i for i in range(runner.choices.compile_max_tokens.bit_length())]  # forward._pad_short_pass
         self._todo = _interleave(((self._trace_step, s) for s in steps),
                                  ((self._trace_seams, (n,)) for n in lengths))
         self.traced = 0

@@ -66,6 +66,7 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None, choice
         logits = _whole_step(model, rows, plan, compiled, choices)
         if logits is not None:
             return logits
+    rows = _pad_short_pass(rows, len(model.model.layers), compiled, choices)
     batched = {id(r) for r in plan.rows}
     # The batch's rows go first so their tokens are one slice of the flat sequence.
     order = plan.rows + [r for r in rows if id(r) not in batched]
@@ -105,6 +106,18 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None, choice
         return mx.zeros((0, 0))
     h = inner.norm(h[mx.array(last)] if len(last) < start or last != list(range(start)) else h)
     return lm_head(model, h)
+
+
+def _pad_short_pass(rows: list[RowInput], n_layers: int, compiled: CompiledBlocks | None,
+                    choices: ForwardChoices) -> list[RowInput]:
+    """A pass short enough for the compiled seams, filled to a power of two tokens by a throwaway
+    row on caches of its own (never sampled), so the seams meet few lengths (docs/arch/engine.md,
+    "Shapes")."""
+    total = sum(r.n for r in rows)
+    if compiled is None or not 0 < total <= choices.compile_max_tokens:
+        return rows
+    pad = (1 << (total - 1).bit_length()) - total
+    return rows + [RowInput(mx.zeros((pad,), mx.int32), pad, RowKV(n_layers), False)] if pad else rows
 
 
 def _whole_step_fits(plan: BatchPlan, rows: list[RowInput], choices: ForwardChoices) -> bool:

@@ -1,0 +1,65 @@
+"""A real daemon on the embedded model compiles its decode-step shapes ahead: once it says it
+has compiled them all, requests at many prompt lengths and batch sizes find every pass's graph
+ready (none traced while they wait, none run uncompiled for want of one)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import MODEL, LocalsServer, free_port
+
+pytestmark = pytest.mark.slow
+WARM_TIMEOUT_S = 900
+
+
+def _engine(server: LocalsServer) -> dict:
+    return (server.get_json("/v1/locals/status").get("engine") or {}).get("extra") or {}
+
+
+def _chat(server: LocalsServer, words: int, max_tokens: int) -> dict:
+    text = " ".join(f"word{i % 97}" for i in range(words))
+    body = {"model": "any", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
+            "temperature": 0}
+    req = urllib.request.Request(server.openai_url + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture
+def small_batch_server(tmp_path, locals_server) -> LocalsServer:
+    """A daemon of its own with at most 4 rows a step (fewer shapes to compile on two cores)."""
+    env = {**locals_server.env, "LOCALS_HOME": str(tmp_path / "home"), "LOCALS_MAX_BATCH": "4"}
+    server = LocalsServer(port=free_port(), home=tmp_path / "home", env=env)
+    started = server.cli("start", "--model", MODEL, "--port", str(server.port))
+    assert started.returncode == 0, started.stdout + started.stderr
+    yield server
+    server.cli("stop", "--port", str(server.port), timeout=60)
+
+
+def test_after_compiling_ahead_no_pass_waits_for_a_graph(small_batch_server):
+    server = small_batch_server
+    deadline = time.monotonic() + WARM_TIMEOUT_S
+    while _engine(server).get("compiling_ahead", True):
+        assert time.monotonic() < deadline, f"still compiling after {WARM_TIMEOUT_S} s: {_engine(server)}"
+        time.sleep(2)
+    before = _engine(server)
+    assert before["compiled_shapes"] > 0 and before["uncompiled_passes"] == 0, before
+    # Prompts of many lengths (each crossing its own token capacities as it decodes), one to four
+    # at a time: every shape a step can take on this server.
+    lengths = [3, 40, 130, 260, 390, 520, 700, 1000, 1400, 1900]
+    with ThreadPoolExecutor(4) as pool:
+        for batch in (1, 2, 3, 4):
+            for start in range(0, len(lengths), batch):
+                replies = list(pool.map(lambda n: _chat(server, n, 24), lengths[start:start + batch]))
+                assert all(r["usage"]["completion_tokens"] > 0 for r in replies)
+    after = _engine(server)
+    assert after["uncompiled_passes"] == 0, after
+    log = (server.home / "log").rglob("*.log")
+    text = "\n".join(p.read_text(errors="replace") for p in log)
+    assert "compiled every decode-step shape" in text
