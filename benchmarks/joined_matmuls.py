@@ -14,7 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import bench_engine, interleaved, load_pair, no_eos, prompts, summary, write_results  # noqa: E402
+from benchmarks.common import (bench_engine, interleaved, load_pair, no_eos, prompts, summary,  # noqa: E402
+                               write_results)
 from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.bench import run_locals  # noqa: E402
 

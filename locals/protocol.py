@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 _ids = itertools.count(1)
 
@@ -89,14 +89,18 @@ class TokenEvent:
     forced: bool = False
 
 
-# Finish reasons: "stop" (EOS, stop string/token, constraint complete), "length",
-# "cancelled", "error", "loop" (repetition guard), "memory" (could never fit).
+# Why a request ended: "stop" (EOS, a stop string or token, the constraint complete), "length"
+# (max_tokens, or the constraint closed for it), "cancelled", "error", "loop" (the repetition
+# guard), "memory" (it could never fit).
+FinishReason = Literal["stop", "length", "cancelled", "error", "loop", "memory"]
+
+
 @dataclass
 class FinishEvent:
     """The last event of a request."""
 
     request_id: str
-    reason: str
+    reason: FinishReason
     usage: Usage
     error: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)

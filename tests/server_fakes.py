@@ -73,6 +73,7 @@ class ScriptedEngine:
         self.requests = []
         self.cancelled = []
         self.finished = 0
+        self.broken = None  # as Engine: why the engine thread ended, None while it runs
 
     def cancel(self, request_id):
         self.cancelled.append(request_id)

@@ -11,6 +11,7 @@ import mlx.core as mx
 import pytest
 
 from locals.engine.admission import KVBudgetAdmission
+from locals.engine.constrain.contract import TokenConstraint
 from locals.engine.engine import FREE_RUN, Engine
 from locals.engine.settings import EngineConfig
 from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
@@ -32,7 +33,7 @@ def bitmask(allowed: set[int], vocab: int) -> mx.array:
     return mx.array(words, dtype=mx.uint32)
 
 
-class AllowedSet:
+class AllowedSet(TokenConstraint):
     """A small TokenConstraint: only `allowed` may be sampled; after `trigger`, `forced` follow;
     `closing` ends the output; complete once `end` was accepted."""
 
@@ -324,7 +325,7 @@ def test_output_the_constraint_closed_for_the_budget_finishes_length(engine, tin
     assert c.finish(rid).reason == "length"
 
 
-class FreeUntil:
+class FreeUntil(TokenConstraint):
     """Free text (no mask) until `trigger` is accepted; then `forced` follow and only `allowed`."""
 
     def __init__(self, vocab, trigger, allowed, forced=()):

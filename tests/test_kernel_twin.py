@@ -34,7 +34,8 @@ def test_the_twin_runs_mlx_ops_on_the_same_arrays():
     layer, original = twin.model.layers[0], model.model.layers[0]
     assert type(layer.self_attn.q_proj) is nn.QuantizedLinear and type(twin.model.embed_tokens) is nn.QuantizedEmbedding
     assert layer.self_attn.q_proj["weight"] is original.self_attn.q_proj["weight"]  # shared, not copied
-    assert getattr(layer.self_attn, "head_prep", None) is None and getattr(layer.input_layernorm, "add_norm", None) is None
+    assert getattr(layer.self_attn, "head_prep", None) is None
+    assert getattr(layer.input_layernorm, "add_norm", None) is None
     # The patched model is as it was: its kernels route, its fused kernels stay attached.
     assert isinstance(original.self_attn.q_proj, TunedQuantizedLinear) and original.self_attn.head_prep
     model(tokens)

@@ -23,6 +23,7 @@ from locals.engine.load.backend import release_memory
 from locals.engine.admission import ADMIT, WAIT, Admission, KVBudgetAdmission
 from locals.engine.rows.guards import GuardFactory, make_guards
 from locals.engine.forward.forward import CompiledBlocks, supports_ragged
+from locals.engine.inbox import Cancel, Message, Sink, Submit, Wake
 from locals.engine.forward.fuse import fuse_projections
 from locals.engine.forward.kv import DecodeBatch, RowKV, kv_bytes_per_token
 from locals.engine.rows.lookup import DraftPolicy
@@ -33,10 +34,9 @@ from locals.engine.settings import EngineConfig
 from locals.engine.cache.shared_prefill import SharedPrefill
 from locals.engine.stats import Counters
 from locals.engine.step import Launched, StepRunner
-from locals.protocol import EngineStats, Event, FinishEvent, GenerationRequest, Usage
+from locals.protocol import EngineStats, Event, FinishEvent, FinishReason, GenerationRequest, Usage
 
 log = logging.getLogger(__name__)
-Sink = Callable[[Event], None]
 # How long stop() waits for pending disk writes (16k tokens of a 4B model: 2.4 GB); the rest is never half-written.
 FLUSH_TIMEOUT_S = 60.0
 # Unforced tokens in a row after which a constrained row is writing a value (`_masks_can_follow` may queue early).
@@ -118,7 +118,7 @@ class Engine:
         # Decoding rows share one padded KV per layer (one attention call for all of them).
         self.decode_batch = DecodeBatch(len(self.model.layers)) if supports_ragged(self.model) else None
         self.counters = Counters()
-        self._inbox: queue.Queue = queue.Queue()
+        self._inbox: queue.Queue[Message] = queue.Queue()
         self._waiting: deque[tuple[GenerationRequest, Sink, float]] = deque()
         self._active: list[Sequence] = []
         self._thread: threading.Thread | None = None
@@ -130,7 +130,7 @@ class Engine:
         # idle_work(interrupted) -> True while more remains; it must return soon after
         # interrupted() turns True. Set before start().
         self.idle_work: Callable[[Callable[[], bool]], bool] | None = None
-        self._pump = getattr(self.prefix_cache, "pump", None)  # caches with a disk tier
+        self._pump = self.prefix_cache.pump  # a bounded slice of a disk tier's copy (nothing without one)
 
     # --- public surface -------------------------------------------------------------------
 
@@ -147,7 +147,7 @@ class Engine:
         if self._thread is None:
             return
         self._stopping.set()
-        self._inbox.put(("wake",))
+        self._inbox.put(Wake())
         self._thread.join()
         self._thread = None
         # MLX objects left in reference cycles by the engine thread must go while MLX is
@@ -156,13 +156,11 @@ class Engine:
         gc.collect()
         self._drain(block=False)
         self._end_all("cancelled", "engine stopped")
-        flush = getattr(self.prefix_cache, "flush", None)  # the disk tier, where there is one
-        if flush is not None:
-            written, abandoned = flush(FLUSH_TIMEOUT_S)
-            if written or abandoned:
-                log.info("prompt cache: %d disk write(s) finished at stop, %d abandoned", written, abandoned)
+        written, abandoned = self.prefix_cache.flush(FLUSH_TIMEOUT_S)  # the disk tier's, where there is one
+        if written or abandoned:
+            log.info("prompt cache: %d disk write(s) finished at stop, %d abandoned", written, abandoned)
 
-    def _end_all(self, reason: str, error: str) -> None:
+    def _end_all(self, reason: FinishReason, error: str) -> None:
         """Finish every running and waiting request with `reason` (the engine stops or broke)."""
         for seq in self._active:
             seq.finish(reason, error)
@@ -175,13 +173,13 @@ class Engine:
         """Queue `request`; `sink` gets its events on the engine thread (an error at once if the engine broke)."""
         with self._submit_lock:  # either queued before the engine broke (and answered), or answered here
             if not self.broken:
-                self._inbox.put(("submit", request, _safe(sink, request.id), time.perf_counter()))
+                self._inbox.put(Submit(request, _safe(sink, request.id), time.perf_counter()))
                 return
         _safe(sink, request.id)(FinishEvent(request.id, "error", Usage(len(request.prompt_tokens)), self.broken))
 
     def cancel(self, request_id: str) -> None:
         """End a request at the next step (FinishEvent reason "cancelled"), freeing its slot and KV."""
-        self._inbox.put(("cancel", request_id))
+        self._inbox.put(Cancel(request_id))
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[Event]:
         """Events of `request` on the running asyncio loop; leaving early cancels it."""
@@ -246,8 +244,8 @@ class Engine:
                    "tuning_left": int(getattr(self.idle_work, "left", 0) or 0),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
                    "taken_back_tokens": c.taken_back_total, "masks_after_steps": c.masks_after_total,
-                   "prefix_cache_bytes": int(getattr(self.prefix_cache, "nbytes", 0)),
-                   "prefix_disk_hits": int(getattr(self.prefix_cache, "disk_hits", 0)),
+                   "prefix_cache_bytes": int(self.prefix_cache.nbytes),
+                   "prefix_disk_hits": int(self.prefix_cache.disk_hits),
                    "shared_prefill_waits": self.shared_prefill.waits},
         )
 
@@ -379,13 +377,12 @@ class Engine:
             except queue.Empty:
                 return
 
-    def _handle(self, item: tuple) -> None:
-        if item[0] == "submit":
-            _, request, sink, at = item
+    def _handle(self, message: Message) -> None:
+        if isinstance(message, Submit):
             self.counters.requests_total += 1
-            self._waiting.append((request, sink, at))
-        elif item[0] == "cancel":
-            self._cancel(item[1])
+            self._waiting.append((message.request, message.sink, message.at))
+        elif isinstance(message, Cancel):
+            self._cancel(message.request_id)
 
     def _cancel(self, request_id: str) -> None:
         for seq in self._active:
@@ -398,7 +395,7 @@ class Engine:
                 self._finish_waiting(entry, "cancelled")
                 return
 
-    def _finish_waiting(self, entry, reason: str, error: str | None = None) -> None:
+    def _finish_waiting(self, entry, reason: FinishReason, error: str | None = None) -> None:
         request, sink, _ = entry
         self.counters.requests_finished += 1
         self.counters.finish_reasons[reason] = self.counters.finish_reasons.get(reason, 0) + 1

@@ -6,6 +6,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from locals.protocol import FinishReason
+
 
 class RateMeter:
     """Tokens per second of the steps that ended in the last `window` seconds, each counted
@@ -49,6 +51,6 @@ class Counters:
     taken_back_total: int = 0  # tokens constrained rows sampled ahead, then dropped for a masked draw
     masks_after_total: int = 0  # steps queued before their masked rows' tokens were read
     last_ttft_s: float = 0.0
-    finish_reasons: dict[str, int] = field(default_factory=dict)
+    finish_reasons: dict[FinishReason, int] = field(default_factory=dict)
     decode: RateMeter = field(default_factory=RateMeter)
     prefill: RateMeter = field(default_factory=RateMeter)

@@ -87,9 +87,9 @@ def _constrained_draft(seq: Sequence, draft: list[int]) -> tuple[list[int], list
     """
     if seq.constraint is None:
         return draft, [None] * len(draft)
-    if not draft or not hasattr(seq.constraint, "fork"):
+    fork = seq.constraint.fork() if draft else None
+    if fork is None:
         return [], []
-    fork = seq.constraint.fork()
     kept, masks = [], []
     for token in draft:
         try:

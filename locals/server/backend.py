@@ -13,16 +13,19 @@ import time
 import uuid
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
 from locals import toolloop
 from locals.errors import RequestError, TooLarge
-from locals.protocol import (EngineStats, FinishEvent, GenerationRequest, SamplingParams,
+from locals.protocol import (EngineStats, Event, FinishEvent, FinishReason, GenerationRequest, SamplingParams,
                              TokenLogprob, Usage)
 from locals.server import overflow
 from locals.server.activity import STEERED, Activity, RequestRecord
 from locals.server.callers import Caller, conversation_key, title_of
 from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
+
+if TYPE_CHECKING:
+    from locals.engine import LoadedModel
 
 log = logging.getLogger(__name__)
 STOPPED_MESSAGE = "the server stopped before this reply was finished; send the request again once it is back"
@@ -60,9 +63,26 @@ class Text:
     logprobs: list[TokenLogprob] | None = None
 
 
+# How a reply ended: the engine's finish reasons, "tool_calls" (the reply is tool calls) and
+# "tool_loop" (the tool-loop guard ended it before the engine ran).
+ReplyEnd = FinishReason | Literal["tool_calls", "tool_loop"]
+
+
+class EnginePort(Protocol):
+    """What the server asks of the engine (`locals.engine.Engine`; tests pass fakes)."""
+
+    broken: str | None  # why the engine thread ended on its own; None while it runs
+
+    def stream(self, request: GenerationRequest) -> AsyncIterator[Event]: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+
 @dataclass
 class Done:
-    reason: str  # "stop", "length", "tool_calls", "cancelled", "error", "loop", "memory"
+    reason: ReplyEnd
     usage: Usage
     error: str | None = None
     prompt_s: float = 0.0  # from the request reaching the engine to its first token
@@ -94,7 +114,7 @@ class Completion:
 class Backend:
     """A loaded model plus its running engine, as the API modules see them."""
 
-    def __init__(self, loaded: Any, engine: Any, *, render: Callable | None = None,
+    def __init__(self, loaded: LoadedModel, engine: EnginePort, *, render: Callable | None = None,
                  constrain: Callable | None = None, activity: Activity | None = None,
                  boundaries: Callable | None = None, max_tokens: int | None = None,
                  overflow_policy: str = "refuse"):

@@ -28,7 +28,7 @@ def snapshot(state: ServerState) -> dict:
     backend = state.backend
     if backend is None:
         return out
-    broken = getattr(backend.engine, "broken", None)
+    broken = backend.engine.broken
     if broken:
         out.update(status="failed", error=broken)
     activity = backend.activity
@@ -46,7 +46,7 @@ def snapshot(state: ServerState) -> dict:
 
 async def health(request: web.Request) -> web.Response:
     state = state_of(request)
-    broken = getattr(state.backend.engine, "broken", None) if state.backend else None
+    broken = state.backend.engine.broken if state.backend else None
     ok = state.backend is not None and not broken  # a broken engine answers nothing: not healthy
     body = {"status": "ok" if ok else ("failed" if state.load_error or broken else "loading"),
             "service": SERVICE, "model": state.backend.name if state.backend else state.model,

@@ -4,6 +4,8 @@
 arrays at least that long); `insert(tokens, kv)` stores the KV of exactly `tokens`;
 `longest(tokens)` only measures what `lookup` would find (no LRU touch, no counters).
 `MemoryPrefixCache` keeps entries in memory under a byte budget, least recently used out.
+A cache subclasses `PrefixCache`; the members with defaults there are for a disk tier
+(tiered_cache.py), and the engine calls them on any cache without probing.
 """
 
 from __future__ import annotations
@@ -17,14 +19,28 @@ from locals.engine.forward.kv import LayerKV
 
 
 class PrefixCache(Protocol):
+    """What the engine asks of a prompt cache (see the module docstring)."""
+
+    nbytes: int = 0  # bytes of KV held in memory, for the engine's stats
+    disk_hits: int = 0  # lookups answered from disk
+
     def lookup(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]: ...
 
     def insert(self, tokens: list[int], kv: list[LayerKV]) -> None: ...
 
     def longest(self, tokens: list[int]) -> int: ...
 
+    def pump(self, idle: bool, everything: bool = False) -> bool:
+        """Move a bounded slice of what is bound for disk along (the engine calls it between
+        steps; `everything` at shutdown); True while more can go now. Nothing by default."""
+        return False
 
-class NoPrefixCache:
+    def flush(self, timeout: float) -> tuple[int, int]:
+        """Wait up to `timeout` s for pending disk writes: (written, abandoned). None by default."""
+        return 0, 0
+
+
+class NoPrefixCache(PrefixCache):
     """Keeps nothing (prefix reuse off)."""
 
     def lookup(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]:
@@ -43,7 +59,7 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
-class MemoryPrefixCache:
+class MemoryPrefixCache(PrefixCache):
     """Longest-prefix reuse over in-memory entries; LRU eviction under `budget_bytes`.
 
     Any entry serves any prompt up to their common prefix, because a token's KV depends

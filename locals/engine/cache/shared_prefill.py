@@ -14,7 +14,7 @@ import bisect
 
 import numpy as np
 
-from locals.engine.cache.prefix_cache import NoPrefixCache
+from locals.engine.cache.prefix_cache import NoPrefixCache, PrefixCache
 from locals.engine.rows.sequence import Sequence
 from locals.protocol import GenerationRequest
 
@@ -32,12 +32,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class SharedPrefill:
     """Decides, per waiting request, whether to wait for another row's prefill of its prefix."""
 
-    def __init__(self, cache, insert, min_tokens: int = MIN_SHARED_TOKENS):
+    def __init__(self, cache: PrefixCache, insert, min_tokens: int = MIN_SHARED_TOKENS):
         self.cache = cache
         self.insert = insert  # insert(seq, n): put seq's first n tokens' KV into the cache
         self.min_tokens = min_tokens
-        # Caches that cannot say what they hold (or keep nothing) gain nothing from waiting.
-        self.enabled = hasattr(cache, "longest") and not isinstance(cache, NoPrefixCache) and min_tokens > 0
+        # A cache that keeps nothing gains nothing from waiting.
+        self.enabled = not isinstance(cache, NoPrefixCache) and min_tokens > 0
         self._holds: dict[str, tuple[Sequence, int]] = {}
         self.waits = 0  # requests that waited for another row's prefill
         self.shared_now = 0  # requests served at once from a row that had already read it

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from locals.engine.cache.disk_cache import DiskPrefixStore
 from locals.engine.forward.kv import LayerKV
-from locals.engine.cache.prefix_cache import MemoryPrefixCache
+from locals.engine.cache.prefix_cache import MemoryPrefixCache, PrefixCache
 
 # Host copy per engine-loop turn while requests run. Into host pages already touched (by
 # HostCopy.prepare, off this thread), one slice of a 4B model's bf16 KV (8k tokens, 1.2 GB)
@@ -27,8 +27,8 @@ BUSY_SLICE_BYTES = 16 << 20
 IDLE_SLICE_BYTES = 256 << 20
 
 
-class TieredPrefixCache:
-    """Implements the engine's PrefixCache protocol over a memory cache and a disk store."""
+class TieredPrefixCache(PrefixCache):
+    """The engine's PrefixCache over a memory cache and a disk store."""
 
     def __init__(self, memory: MemoryPrefixCache, disk: DiskPrefixStore):
         self.memory, self.disk = memory, disk

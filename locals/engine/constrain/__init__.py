@@ -1,7 +1,7 @@
 """Constrained decoding: tool calls and JSON outputs that always parse and match their schema.
 
 `build_constraint` is the one entry point (the server and the CLI call it): it compiles
-a request's tools or JSON schema into a TokenConstraint (locals/engine/hooks.py) that the
+a request's tools or JSON schema into a TokenConstraint (contract.py) that the
 engine applies each step. Only this package imports outlines-core.
 """
 

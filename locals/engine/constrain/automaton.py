@@ -1,6 +1,6 @@
 """Per-request TokenConstraint implementations: a JSON value, or tool calls in a model's format.
 
-Both are driven by the engine thread only (locals/engine/hooks.py). Every query is a dict
+Both are driven by the engine thread only (contract.py). Every query is a dict
 lookup plus at most one Index transition; masks are rows of a table already on the device.
 Tool calls move through phases: FREE text (auto mode; no mask unless the text ends with
 part of the start marker) -> HEAD (the frame up to the function name) -> CALL (that tool's
@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 from enum import Enum
 
+from locals.engine.constrain.contract import TokenConstraint
 from locals.engine.constrain.holes import CallRuntime, Position
 from locals.engine.constrain.index import CompiledIndex, DeviceRow, token_row
 from locals.engine.constrain.tools import BLANKS, ToolSet, chosen_name
@@ -50,7 +51,7 @@ class _Budget:
         return out
 
 
-class JsonConstraint:
+class JsonConstraint(TokenConstraint):
     """Output is exactly one JSON value accepted by the compiled schema, then EOS."""
 
     def __init__(self, index: CompiledIndex, eos_only: DeviceRow, max_tokens: int | None = None):
@@ -115,7 +116,7 @@ class Phase(Enum):
     DONE = "done"
 
 
-class ToolCallConstraint:
+class ToolCallConstraint(TokenConstraint):
     """Tool calls in the model's format: offered names only, arguments valid for their schema."""
 
     def __init__(self, tools: ToolSet, *, required: bool, max_calls: int | None = None,

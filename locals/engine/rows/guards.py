@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from locals.protocol import GenerationRequest
+from locals.protocol import FinishReason, GenerationRequest
 
 
 class Guard(Protocol):
-    def on_token(self, token: int, output: list[int]) -> str | None:
-        """`output` holds the request's tokens so far, `token` last. A reason string ends it."""
+    def on_token(self, token: int, output: list[int]) -> FinishReason | None:
+        """`output` holds the request's tokens so far, `token` last. A finish reason ends it."""
 
 
 GuardFactory = Callable[[GenerationRequest], Guard | None]

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from locals.protocol import GenerationRequest
+from locals.protocol import FinishReason, GenerationRequest
 
-LOOP = "loop"
+LOOP: FinishReason = "loop"
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class RepetitionGuard:
         # runs[p]: consecutive tokens equal to the token p places before them.
         self.runs = [0] * (settings.max_period + 1)
 
-    def on_token(self, token: int, output: list[int] | None = None) -> str | None:
+    def on_token(self, token: int, output: list[int] | None = None) -> FinishReason | None:
         h, s = self.history, self.settings
         h.append(token)
         n = len(h)

@@ -20,7 +20,7 @@ from locals.engine.rows.lookup import DraftPolicy, Speculation
 from locals.engine.forward.rowfeed import RowOf
 from locals.engine.rows.stops import StopText
 from locals.engine.load.tokenizer import continuation_detokenizer
-from locals.protocol import Event, FinishEvent, GenerationRequest, TokenEvent, TokenLogprob, Usage
+from locals.protocol import Event, FinishEvent, FinishReason, GenerationRequest, TokenEvent, TokenLogprob, Usage
 
 
 class Sequence:
@@ -55,7 +55,7 @@ class Sequence:
         self.submitted_at = submitted_at
         self.first_token_at: float | None = None
         self.finished = False
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         # Prompt-lookup drafts (None: this row never drafts); armed = wants its tokens read
         # before the next step so it can propose one.
         self.spec = Speculation(self.prompt, draft_policy) if draft_policy else None
@@ -90,8 +90,7 @@ class Sequence:
     @property
     def in_free_text(self) -> bool:
         """Whether the constraint lets any token come next (free text before a tool call)."""
-        unmasked = getattr(self.constraint, "unmasked", None)
-        return unmasked is not None and unmasked()
+        return self.constraint is not None and self.constraint.unmasked()
 
     def take_back(self, key) -> None:
         """Drop a token sampled ahead that needed a mask after all (the token before it started a
@@ -214,9 +213,9 @@ class Sequence:
                 return self._finish_text(self._complete_reason())
         self._room_left_for_closing()
 
-    def _complete_reason(self) -> str:
+    def _complete_reason(self) -> FinishReason:
         """A complete output is a "stop", unless the constraint closed it because the budget ran out."""
-        return "length" if getattr(self.constraint, "closed_by_budget", False) else "stop"
+        return "length" if self.constraint.closed_by_budget else "stop"
 
     def _room_left_for_closing(self) -> bool:
         """When only the closing tokens still fit in max_tokens, append them and finish "length"."""
@@ -228,7 +227,7 @@ class Sequence:
         self._finish_text("length")
         return True
 
-    def _finish_text(self, reason: str) -> None:
+    def _finish_text(self, reason: FinishReason) -> None:
         self.detok.finalize()
         tail = self.stop_text.feed(self.detok.last_segment) if not self.stop_text.hit else ""
         tail += self.stop_text.flush()
@@ -236,7 +235,7 @@ class Sequence:
             self.sink(TokenEvent(self.id, [], tail))
         self.finish(reason)
 
-    def finish(self, reason: str, error: str | None = None) -> None:
+    def finish(self, reason: FinishReason, error: str | None = None) -> None:
         """Send the one FinishEvent; later calls do nothing."""
         if self.finished:
             return
