@@ -19,8 +19,10 @@ from mlx_lm.models import llama
 # "ntk": NTK-aware, a larger RoPE base, so low frequencies stretch by the factor and high ones
 #   hardly move (a fixed base: the dynamic variant re-bases as the prompt grows, which a KV
 #   cache kept across turns cannot follow);
-# "yarn": YaRN (NTK-by-parts plus an attention temperature), mlx-lm's YarnRoPE.
-SCALINGS = ("none", "linear", "ntk", "yarn")
+# "yarn": YaRN (NTK-by-parts plus an attention temperature), mlx-lm's YarnRoPE;
+# "parts": YaRN's NTK-by-parts alone: mlx-lm's YarnRoPE with the temperature cancelled
+#   (mscale = mscale_all_dim), since the temperature changes the model on short prompts too.
+SCALINGS = ("none", "linear", "ntk", "yarn", "parts")
 
 
 @dataclass(frozen=True)
@@ -47,5 +49,6 @@ def stretched(args: llama.ModelArgs, stretch: Stretch) -> llama.ModelArgs:
     if stretch.scaling == "ntk":
         dims = args.head_dim or args.hidden_size // args.num_attention_heads
         return replace(out, rope_theta=args.rope_theta * factor ** (dims / (dims - 2)))
+    parts = {"mscale": 1.0, "mscale_all_dim": 1.0} if stretch.scaling == "parts" else {}
     return replace(out, rope_scaling={"type": "yarn", "factor": factor,
-                                      "original_max_position_embeddings": trained})
+                                      "original_max_position_embeddings": trained, **parts})
