@@ -19,8 +19,8 @@ from itertools import zip_longest
 
 import mlx.core as mx
 
-from locals.engine.forward.forward import RowInput, forward, supports_ragged
-from locals.engine.forward.kv import DecodeBatch, RowKV, token_capacity, row_capacity
+from locals.engine.forward.forward import RowInput, forward
+from locals.engine.forward.kv import DecodeBatch, RowKV, row_capacity, token_capacity
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def step_shapes(max_batch: int, max_positions: int, kv_positions: int) -> Iterat
     capacities = [token_capacity(1)]
     while capacities[-1] < max_positions:
         capacities.append(token_capacity(capacities[-1] + 1))
-    slots = sorted({row_capacity(1 << i) for i in range(max(max_batch, 1).bit_length())})
+    slots = sorted({row_capacity(n) for n in range(1, max_batch + 1)})
     for t_cap in capacities:
         for rows, n_slots in [(1, 4)] + [(n, n) for n in slots]:
             if n_slots * t_cap <= kv_positions:
