@@ -14,18 +14,15 @@ device.
 
 from __future__ import annotations
 
-import hashlib
-import logging
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from locals.engine.kernels.jit import attach_verified, first_failure, jit_kernel, remembered, source_tag
 from locals.engine.kernels.resident import float_constant
 from locals.engine.kernels.tuning.verify import matches
-
-log = logging.getLogger(__name__)
 
 THREADS = 256  # a threadgroup: 8 warps/simdgroups; 2560 values are 10 a thread
 
@@ -55,19 +52,7 @@ CUDA_SOURCE = r"""
     hv[j] = static_cast<float>(static_cast<T>(hv[j]));
     ss += hv[j] * hv[j];
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  }
-  if ((i0 & 31) == 0) {
-    part[i0 >> 5] = ss;
-  }
-  __syncthreads();
-  ss = 0.0f;
-#pragma unroll
-  for (int w8 = 0; w8 < NT / 32; ++w8) {
-    ss += part[w8];
-  }
+  ss = locals_block_sum(ss, part, NT / 32);
   const float inv = rsqrtf(ss / float(D) + e);
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
@@ -118,19 +103,14 @@ METAL_SOURCE = r"""
 """
 
 SOURCES = {"cuda": CUDA_SOURCE, "metal": METAL_SOURCE}
-TAG = hashlib.sha1((CUDA_SOURCE + METAL_SOURCE).encode()).hexdigest()[:10]
+TAG = source_tag(CUDA_SOURCE, METAL_SOURCE)
 DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 VERIFY_TOKENS = (1, 3, 8, 33)
-_KERNELS: dict[str, object] = {}
 _VERDICTS: dict[object, str] = {}
 
 
 def _kernel(backend: str):
-    if backend not in _KERNELS:
-        make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
-        _KERNELS[backend] = make(name=f"locals_addnorm_{TAG}", source=SOURCES[backend],
-                                 input_names=["a", "b", "w", "eps"], output_names=["h", "x"])
-    return _KERNELS[backend]
+    return jit_kernel(backend, f"locals_addnorm_{TAG}", SOURCES[backend], ["a", "b", "w", "eps"], ["h", "x"])
 
 
 @dataclass(frozen=True)
@@ -173,9 +153,8 @@ def check(fused: AddNorm, tokens: int) -> str:
 def verified(fused: AddNorm) -> str:
     """"" when `fused` passed every token count on this device (checked once per process),
     otherwise the first failure."""
-    if fused not in _VERDICTS:
-        _VERDICTS[fused] = next((f"{n} tokens: {why}" for n in VERIFY_TOKENS if (why := check(fused, n))), "")
-    return _VERDICTS[fused]
+    return remembered(_VERDICTS, fused, lambda: first_failure(
+        (f"{n} tokens", lambda n=n: check(fused, n)) for n in VERIFY_TOKENS))
 
 
 def attach(model: nn.Module, backend: str, dtype) -> int:
@@ -183,17 +162,13 @@ def attach(model: nn.Module, backend: str, dtype) -> int:
     many layers. Nothing on a CPU."""
     if backend not in SOURCES or dtype not in DTYPES:
         return 0
-    attached = 0
+    pairs = ((norm, AddNorm(backend, norm.weight.shape[0], float(norm.eps), dtype)) for norm in _plain_norms(model))
+    return attach_verified(pairs, "add_norm", verified, "fused residual add and norm") // 2
+
+
+def _plain_norms(model: nn.Module):
+    """Both RMSNorms of each layer whose two norms are plain RMSNorms, in order."""
     for layer in getattr(getattr(model, "model", None), "layers", None) or []:
         norms = [getattr(layer, n, None) for n in ("input_layernorm", "post_attention_layernorm")]
-        if not all(type(n) is nn.RMSNorm and n.weight.ndim == 1 for n in norms):
-            continue
-        for norm in norms:
-            fused = AddNorm(backend, norm.weight.shape[0], float(norm.eps), dtype)
-            why = verified(fused)
-            if why:
-                log.warning("fused residual add and norm not used: it failed verification (%s)", why)
-                return attached
-            norm.add_norm = fused
-        attached += 1
-    return attached
+        if all(type(n) is nn.RMSNorm and n.weight.ndim == 1 for n in norms):
+            yield from norms

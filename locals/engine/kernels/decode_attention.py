@@ -18,18 +18,15 @@ masked attention on the CPU) on this device.
 
 from __future__ import annotations
 
-import hashlib
-import logging
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from locals.engine.kernels.jit import attach_verified, first_failure, jit_kernel, remembered, source_tag
 from locals.engine.kernels.resident import float_constant
 from locals.engine.kernels.tuning.verify import matches
-
-log = logging.getLogger(__name__)
 
 # Template: T (dtype), D (head dim, a multiple of 32), W (warps a threadgroup). Inputs: q (B, HQ, 1, D);
 # cache (2R, HK, t_cap, D); meta (2B,) int32, each row's slot then its length; scale (1,) float32.
@@ -74,11 +71,8 @@ CUDA_SOURCE = r"""
       s0 += qv[e] * static_cast<float>(k0[e]);
       s1 += qv[e] * static_cast<float>(k1[e]);
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      s0 += __shfl_xor_sync(0xffffffffu, s0, off);
-      s1 += __shfl_xor_sync(0xffffffffu, s1, off);
-    }
+    s0 = locals_warp_sum(s0);
+    s1 = locals_warp_sum(s1);
     s1 = two ? s1 : -INFINITY;
     const float m_new = fmaxf(m, fmaxf(s0, s1));
     const float a = expf(m - m_new);
@@ -200,10 +194,9 @@ METAL_SOURCE = r"""
 """
 
 SOURCES = {"cuda": CUDA_SOURCE, "metal": METAL_SOURCE}
-TAG = hashlib.sha1((CUDA_SOURCE + METAL_SOURCE).encode()).hexdigest()[:10]
+TAG = source_tag(CUDA_SOURCE, METAL_SOURCE)
 DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 MAX_SHARED_FLOATS = 4096  # W * head_dim: 16 KiB of partial outputs (Metal's threadgroup memory is 32 KiB)
-_KERNELS: dict[str, object] = {}
 
 
 def warps_for(length: int, head_dim: int) -> int:
@@ -214,11 +207,8 @@ def warps_for(length: int, head_dim: int) -> int:
 
 
 def _kernel(backend: str):
-    if backend not in _KERNELS:
-        make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
-        _KERNELS[backend] = make(name=f"locals_decode_attention_{TAG}", source=SOURCES[backend],
-                                 input_names=["q", "cache", "meta", "scale"], output_names=["out"])
-    return _KERNELS[backend]
+    return jit_kernel(backend, f"locals_decode_attention_{TAG}", SOURCES[backend], ["q", "cache", "meta", "scale"],
+                      ["out"])
 
 
 @dataclass(frozen=True)
@@ -294,10 +284,8 @@ def check(kernel: DecodeAttention, rows: int, t_cap: int) -> str:
 def verified(kernel: DecodeAttention) -> str:
     """"" when `kernel` passed every case on this device (checked once per process), otherwise
     the first failure."""
-    if kernel not in _VERDICTS:
-        _VERDICTS[kernel] = next((f"{rows} rows of up to {t}: {why}" for rows, t in VERIFY_CASES
-                                  if (why := check(kernel, rows, t))), "")
-    return _VERDICTS[kernel]
+    return remembered(_VERDICTS, kernel, lambda: first_failure(
+        (f"{rows} rows of up to {t}", lambda rows=rows, t=t: check(kernel, rows, t)) for rows, t in VERIFY_CASES))
 
 
 def active_for(attn: nn.Module, q: mx.array) -> DecodeAttention | None:
@@ -322,18 +310,15 @@ def attach(model: nn.Module, backend: str, dtype) -> int:
     (batch_plan.py uses it); returns how many. Nothing on a CPU."""
     if backend not in SOURCES or dtype not in DTYPES:
         return 0
-    attached = 0
+    pairs = ((attn, DecodeAttention(backend, *layout, dtype)) for attn, layout in _layouts(model))
+    return attach_verified(pairs, "decode_attention", verified, "decode attention kernel")
+
+
+def _layouts(model: nn.Module):
+    """(attention module, (heads, kv heads, head size)) of each layer whose layout the kernel takes."""
     for layer in getattr(getattr(model, "model", None), "layers", None) or []:
         attn = getattr(layer, "self_attn", None)
         heads, kv_heads = getattr(attn, "n_heads", None), getattr(attn, "n_kv_heads", None)
         head_dim = _head_dim(attn)
-        if not heads or not kv_heads or not head_dim or head_dim % 32 or heads % kv_heads:
-            continue
-        kernel = DecodeAttention(backend, heads, kv_heads, head_dim, dtype)
-        why = verified(kernel)
-        if why:
-            log.warning("decode attention kernel not used: it failed verification (%s)", why)
-            return attached
-        attn.decode_attention = kernel
-        attached += 1
-    return attached
+        if heads and kv_heads and head_dim and not head_dim % 32 and not heads % kv_heads:
+            yield attn, (heads, kv_heads, head_dim)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from locals.engine.kernels.jit import remembered
 from locals.engine.kernels.reference import dequantized_matmul, random_problem
 from locals.engine.kernels.tuning.verify import matches, passing_rows
 
@@ -37,10 +38,8 @@ def check_gated(kernel, rows: int, n: int, k: int, bits: int, group_size: int, d
 
 def verified(kernel, rows: int, n: int, k: int, bits: int, group_size: int, dtype) -> str:
     """`check_gated` once per process for each (kernel, rows, shape, quantization, dtype)."""
-    key = (kernel.name, rows, n, k, bits, group_size, str(dtype))
-    if key not in _VERDICTS:
-        _VERDICTS[key] = check_gated(kernel, rows, n, k, bits, group_size, dtype)
-    return _VERDICTS[key]
+    return remembered(_VERDICTS, (kernel.name, rows, n, k, bits, group_size, str(dtype)),
+                      lambda: check_gated(kernel, rows, n, k, bits, group_size, dtype))
 
 
 def gated_rows(routes: dict[int, object], n: int, k: int, bits: int, group_size: int, dtype) -> set[int]:

@@ -20,7 +20,6 @@ only after `verify_spec` matched it against a float32 ground truth on this devic
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from locals.engine.kernels.jit import attach_verified, first_failure, jit_kernel, remembered, source_tag
 from locals.engine.kernels.resident import device_array
 from locals.engine.kernels.tuning.verify import matches
 
@@ -64,22 +64,7 @@ CUDA_SOURCE = r"""
   float x1 = static_cast<float>(src[i1]);
   float x2 = static_cast<float>(src[i2]);
   if (NORM) {
-    float ss = x1 * x1 + x2 * x2;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    }
-    if (P > 32) {
-      if ((i & 31) == 0) {
-        part[i >> 5] = ss;
-      }
-      __syncthreads();
-      ss = 0.0f;
-#pragma unroll
-      for (int w = 0; w < P / 32; ++w) {
-        ss += part[w];
-      }
-    }
+    const float ss = locals_block_sum(x1 * x1 + x2 * x2, part, P / 32);
     const float inv = rsqrtf(ss / float(D) + params[2]);
     const float w1 = is_q ? static_cast<float>(qw[i1]) : static_cast<float>(kw[i1]);
     const float w2 = is_q ? static_cast<float>(qw[i2]) : static_cast<float>(kw[i2]);
@@ -165,9 +150,8 @@ DESTINATIONS = {
 }
 SOURCES = {"cuda": CUDA_SOURCE, "metal": METAL_SOURCE}
 POINTER = {"cuda": "T*", "metal": "device T*"}
-TAG = hashlib.sha1((CUDA_SOURCE + METAL_SOURCE + repr(DESTINATIONS)).encode()).hexdigest()[:10]
+TAG = source_tag(CUDA_SOURCE, METAL_SOURCE, repr(DESTINATIONS))
 DTYPES = (mx.float16, mx.bfloat16, mx.float32)
-_KERNELS: dict[tuple[str, str], object] = {}
 _CONSTANTS: dict[tuple, tuple[mx.array, mx.array, mx.array]] = {}
 
 
@@ -210,15 +194,14 @@ def spec_of(attn: nn.Module) -> HeadSpec | None:
 
 
 def _kernel(backend: str, mode: str):
-    if (backend, mode) not in _KERNELS:
+    def source() -> str:
         key_at, value_at = (d.replace("PTR", POINTER[backend]) for d in DESTINATIONS[mode])
-        source = SOURCES[backend].replace("KEY_AT", key_at).replace("VALUE_AT", value_at)
-        names = dict(input_names=["qsrc", "ksrc", "vsrc", "qw", "kw", "pos", "dims", "params"]
-                     + (["cache", "slots"] if mode == "cache" else []),
-                     output_names=["qout"] + (["kvout"] if mode == "array" else []))
-        make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
-        _KERNELS[backend, mode] = make(name=f"locals_headprep_{mode}_{TAG}", source=source, **names)
-    return _KERNELS[backend, mode]
+        return SOURCES[backend].replace("KEY_AT", key_at).replace("VALUE_AT", value_at)
+
+    inputs = ["qsrc", "ksrc", "vsrc", "qw", "kw", "pos", "dims", "params"]
+    inputs += ["cache", "slots"] if mode == "cache" else []
+    outputs = ["qout"] + (["kvout"] if mode == "array" else [])
+    return jit_kernel(backend, f"locals_headprep_{mode}_{TAG}", source, inputs, outputs)
 
 
 @dataclass(frozen=True)
@@ -381,25 +364,20 @@ def check_into_cache(prep: HeadPrep, tokens: int, joined: bool) -> str:
 
 
 def _first_failure(prep: HeadPrep, check_one) -> str:
-    failures = (f"{n} tokens, {'joined' if joined else 'separate'}: {why}"
-                for n in VERIFY_TOKENS for joined in (True, False)
-                if (why := check_one(prep, n, joined)))
-    return next(failures, "")
+    return first_failure((f"{n} tokens, {'joined' if joined else 'separate'}",
+                          lambda n=n, joined=joined: check_one(prep, n, joined))
+                         for n in VERIFY_TOKENS for joined in (True, False))
 
 
 def verified(prep: HeadPrep) -> str:
     """"" when `prep` passed every token count in both layouts on this device (checked once per
     process), otherwise the first failure."""
-    if prep not in _VERDICTS:
-        _VERDICTS[prep] = _first_failure(prep, check)
-    return _VERDICTS[prep]
+    return remembered(_VERDICTS, prep, lambda: _first_failure(prep, check))
 
 
 def cache_verified(prep: HeadPrep) -> str:
     """The same for `into_cache`."""
-    if prep not in _CACHE_VERDICTS:
-        _CACHE_VERDICTS[prep] = _first_failure(prep, check_into_cache)
-    return _CACHE_VERDICTS[prep]
+    return remembered(_CACHE_VERDICTS, prep, lambda: _first_failure(prep, check_into_cache))
 
 
 def attach(model: nn.Module, backend: str, dtype) -> int:
@@ -407,19 +385,10 @@ def attach(model: nn.Module, backend: str, dtype) -> int:
     verified `head_prep` (forward.py uses it); returns how many. Nothing on a CPU."""
     if backend not in SOURCES or dtype not in DTYPES:
         return 0
-    attached = 0
-    for layer in getattr(getattr(model, "model", None), "layers", None) or []:
-        attn = getattr(layer, "self_attn", None)
-        spec = spec_of(attn) if attn is not None else None
-        if spec is None:
-            continue
-        prep = HeadPrep(backend, spec, dtype)
-        why = verified(prep)
-        if why:
-            log.warning("fused q/k norm and RoPE not used: it failed verification (%s)", why)
-            return attached
-        attn.head_prep = prep
-        attached += 1
-        if attached == 1 and (why := cache_verified(prep)):  # then whole steps store K/V with a scatter
-            log.warning("fused q/k kernel writes no cache: it failed verification (%s)", why)
+    attns = [layer.self_attn for layer in getattr(getattr(model, "model", None), "layers", None) or []
+             if spec_of(getattr(layer, "self_attn", None)) is not None]
+    attached = attach_verified(((attn, HeadPrep(backend, spec_of(attn), dtype)) for attn in attns), "head_prep",
+                               verified, "fused q/k norm and RoPE")
+    if attached and (why := cache_verified(attns[0].head_prep)):  # then whole steps store K/V with a scatter
+        log.warning("fused q/k kernel writes no cache: it failed verification (%s)", why)
     return attached

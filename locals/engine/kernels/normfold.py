@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from locals.engine.kernels.jit import remembered
 from locals.engine.kernels.reference import dequantized_matmul, random_problem, random_rows
 from locals.engine.kernels.resident import device_array, float_constant
 from locals.engine.kernels.tuning.verify import matches, passing_rows
@@ -62,10 +63,8 @@ def check(kernel, rows: int, n: int, k: int, bits: int, group_size: int, dtype, 
 
 def verified(kernel, rows: int, n: int, k: int, bits: int, group_size: int, dtype, eps: float) -> str:
     """`check` once per process for each (kernel, rows, shape, quantization, dtype, eps)."""
-    key = (kernel.name, rows, n, k, bits, group_size, str(dtype), eps)
-    if key not in _VERDICTS:
-        _VERDICTS[key] = check(kernel, rows, n, k, bits, group_size, dtype, eps)
-    return _VERDICTS[key]
+    return remembered(_VERDICTS, (kernel.name, rows, n, k, bits, group_size, str(dtype), eps),
+                      lambda: check(kernel, rows, n, k, bits, group_size, dtype, eps))
 
 
 def foldable_rows(routes: dict[int, object], n: int, k: int, bits: int, group_size: int, dtype,

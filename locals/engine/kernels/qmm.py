@@ -13,13 +13,13 @@ lives in qmm_mma.py.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from locals.engine.kernels import qmm_mma
+from locals.engine.kernels.jit import CUDA_HELPERS, jit_kernel, source_tag
 
 MAX_ROWS = 16
 # The tensor-core kernel's wide candidates take 17..32 rows (four 8-row tiles); the others,
@@ -32,9 +32,10 @@ SUPPORTED_BITS = (4, 8)
 SUPPORTED_GROUPS = (32, 64, 128)
 SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 
-# What the plain and split-K CUDA variants do with one packed word `wi` of their R
-# columns: unpack it once and apply it to all M rows.
-CUDA_WORD_STEP = r"""    float q[R][VPW];
+def cuda_word_step(x_row: str) -> str:
+    """What a CUDA lane does with one packed word `wi` of its R columns: unpack it once and apply
+    it to all MB rows; `x_row` reads row m's VPW values of x at that word (an AlignedVector)."""
+    return r"""    float q[R][VPW];
     float s[R];
     float b[R];
     const int g = wi / WPG;
@@ -53,8 +54,7 @@ CUDA_WORD_STEP = r"""    float q[R][VPW];
 #pragma unroll
     for (int m = 0; m < MB; ++m) {
       if (m < M) {
-        // One vector load per row (MLX's helper falls back to scalar loads if unaligned).
-        const auto xw = load_vector<VPW>(x + size_t(m) * K, wi);
+        const auto xw = """ + x_row + r""";
         float xv[VPW];
         float xsum = 0.0f;
 #pragma unroll
@@ -75,7 +75,13 @@ CUDA_WORD_STEP = r"""    float q[R][VPW];
     }
 """
 
-CUDA_SOURCE = r"""
+
+# The plain and split-K variants read x from global memory: one vector load per row (MLX's
+# helper falls back to scalar loads if unaligned).
+CUDA_WORD_STEP = cuda_word_step("load_vector<VPW>(x + size_t(m) * K, wi)")
+
+# What every CUDA variant begins with: the packing constants, the problem's sizes, the lane.
+CUDA_SIZES = r"""
   constexpr int VPW = 32 / BITS;   // values per packed word
   constexpr uint32_t MASK = (1u << BITS) - 1u;
   constexpr int WPG = GS / VPW;    // packed words per quantization group
@@ -85,12 +91,10 @@ CUDA_SOURCE = r"""
   const int K = KW * VPW;
   const int G = K / GS;
   const int lane = threadIdx.x & 31;
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int n0 = warp * R;
-  if (n0 >= N) {
-    return;  // warp-uniform, so the shuffles below stay converged
-  }
-  float acc[R][MB];
+"""
+
+# Each lane's sums for its R columns and MB rows, from zero.
+CUDA_ZERO_SUMS = r"""  float acc[R][MB];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -98,55 +102,50 @@ CUDA_SOURCE = r"""
       acc[r][m] = 0.0f;
     }
   }
-  for (int wi = lane; wi < KW; wi += 32) {
-""" + CUDA_WORD_STEP + r"""  }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int m = 0; m < MB; ++m) {
-      float v = acc[r][m];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, off);
-      }
-      if (lane == 0 && m < M && n0 + r < N) {
-        out[size_t(m) * N + n0 + r] = static_cast<T>(v);
-      }
-    }
-  }
 """
+
+
+def cuda_warp_sums(condition: str, store: str) -> str:
+    """The epilogue: each acc[r][m] summed over the warp's lanes (jit.py's locals_warp_sum) as `v`,
+    then `store` where `condition` holds."""
+    return f"""#pragma unroll
+  for (int r = 0; r < R; ++r) {{
+#pragma unroll
+    for (int m = 0; m < MB; ++m) {{
+      const float v = locals_warp_sum(acc[r][m]);
+      if ({condition}) {{
+        {store}
+      }}
+    }}
+  }}
+"""
+
+
+# Lane 0 writes a column's sum for a row, where both exist.
+CUDA_STORE_SUMS = cuda_warp_sums("lane == 0 && m < M && n0 + r < N",
+                                 "out[size_t(m) * N + n0 + r] = static_cast<T>(v);")
+
+CUDA_SOURCE = CUDA_SIZES + r"""  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int n0 = warp * R;
+  if (n0 >= N) {
+    return;  // warp-uniform, so the shuffles below stay converged
+  }
+""" + CUDA_ZERO_SUMS + r"""  for (int wi = lane; wi < KW; wi += 32) {
+""" + CUDA_WORD_STEP + "  }\n" + CUDA_STORE_SUMS
 
 # The staged variant: a block's warps share x through shared memory, loaded once per
 # block and chunk of K, so x is read from L2 once per block instead of once per warp
 # (the per-warp re-reads cost ~2.5 us per extra row on a 9728x2560 weight).
-CUDA_STAGED_SOURCE = r"""
-  constexpr int VPW = 32 / BITS;
-  constexpr uint32_t MASK = (1u << BITS) - 1u;
-  constexpr int WPG = GS / VPW;
-  constexpr int E = 16 / int(sizeof(T));  // values per 16-byte copy
+CUDA_STAGED_SOURCE = CUDA_SIZES + r"""  constexpr int E = 16 / int(sizeof(T));  // values per 16-byte copy
   // Chunk of K (in packed words) whose x slice fits 32 KB of shared memory.
   constexpr int FIT = 32768 / (MB * int(sizeof(T)) * VPW);
   constexpr int CHW = FIT >= 256 ? 256 : (FIT >= 128 ? 128 : (FIT >= 64 ? 64 : 32));
   constexpr int CHV = CHW * VPW;
   __shared__ __align__(32) uint4 xs_raw[(MB * CHV * int(sizeof(T)) + 15) / 16];
   T* xs = reinterpret_cast<T*>(xs_raw);
-  const int M = x_shape[0];
-  const int N = w_shape[0];
-  const int KW = w_shape[1];
-  const int K = KW * VPW;
-  const int G = K / GS;
-  const int lane = threadIdx.x & 31;
   const int n0 = ((blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
   const bool active = n0 < N;  // idle warps still take part in the barriers
-  float acc[R][MB];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int m = 0; m < MB; ++m) {
-      acc[r][m] = 0.0f;
-    }
-  }
-  for (int c0 = 0; c0 < KW; c0 += CHW) {
+""" + CUDA_ZERO_SUMS + r"""  for (int c0 = 0; c0 < KW; c0 += CHW) {
     const int cw = min(CHW, KW - c0);
     const int units = cw * VPW / E;
     __syncthreads();
@@ -162,63 +161,12 @@ CUDA_STAGED_SOURCE = r"""
     }
     for (int wl = lane; wl < cw; wl += 32) {
       const int wi = c0 + wl;
-      float q[R][VPW];
-      float s[R];
-      float b[R];
-      const int g = wi / WPG;
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const int n = min(n0 + r, N - 1);
-        const uint32_t word = w[size_t(n) * KW + wi];
-        s[r] = static_cast<float>(scales[size_t(n) * G + g]);
-        b[r] = static_cast<float>(biases[size_t(n) * G + g]);
-#pragma unroll
-        for (int j = 0; j < VPW; ++j) {
-          q[r][j] = static_cast<float>((word >> (BITS * j)) & MASK);
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < MB; ++m) {
-        if (m < M) {
-          const auto xw = reinterpret_cast<const AlignedVector<T, VPW>*>(xs + m * CHV)[wl];
-          float xv[VPW];
-          float xsum = 0.0f;
-#pragma unroll
-          for (int j = 0; j < VPW; ++j) {
-            xv[j] = static_cast<float>(xw[j]);
-            xsum += xv[j];
-          }
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            float dot = 0.0f;
-#pragma unroll
-            for (int j = 0; j < VPW; ++j) {
-              dot = fmaf(q[r][j], xv[j], dot);
-            }
-            acc[r][m] += s[r] * dot + b[r] * xsum;
-          }
-        }
-      }
-    }
+""" + cuda_word_step("reinterpret_cast<const AlignedVector<T, VPW>*>(xs + m * CHV)[wl]") + r"""    }
   }
   if (!active) {
     return;
   }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int m = 0; m < MB; ++m) {
-      float v = acc[r][m];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, off);
-      }
-      if (lane == 0 && m < M && n0 + r < N) {
-        out[size_t(m) * N + n0 + r] = static_cast<T>(v);
-      }
-    }
-  }
-"""
+""" + CUDA_STORE_SUMS
 
 # The split-K variant: a block's warps share R output columns and each walks its own slice
 # of K, their sums meeting in shared memory. For N = 2560 outputs the one-warp-per-column
@@ -226,49 +174,16 @@ CUDA_STAGED_SOURCE = r"""
 # a model's 8-row step they averaged 32 us a call, ~160 GB/s
 # (step_kernels-gpu-20261130-083540.json). Splitting K gives the SMs S times the warps,
 # each with S times fewer loads in a row.
-CUDA_SPLIT_SOURCE = r"""
-  constexpr int VPW = 32 / BITS;
-  constexpr uint32_t MASK = (1u << BITS) - 1u;
-  constexpr int WPG = GS / VPW;
-  constexpr int S = NT / 32;  // warps per block, each over its own slice of K
+CUDA_SPLIT_SOURCE = CUDA_SIZES + r"""  constexpr int S = NT / 32;  // warps per block, each over its own slice of K
   __shared__ float part[S][R][MB];
-  const int M = x_shape[0];
-  const int N = w_shape[0];
-  const int KW = w_shape[1];
-  const int K = KW * VPW;
-  const int G = K / GS;
-  const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int n0 = blockIdx.x * R;
   if (n0 >= N) {
     return;  // the whole block: no barrier is left waiting
   }
-  float acc[R][MB];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int m = 0; m < MB; ++m) {
-      acc[r][m] = 0.0f;
-    }
-  }
-#pragma unroll 2
+""" + CUDA_ZERO_SUMS + r"""#pragma unroll 2
   for (int wi = warp * 32 + lane; wi < KW; wi += NT) {
-""" + CUDA_WORD_STEP + r"""  }
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-#pragma unroll
-    for (int m = 0; m < MB; ++m) {
-      float v = acc[r][m];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, off);
-      }
-      if (lane == 0) {
-        part[warp][r][m] = v;
-      }
-    }
-  }
-  __syncthreads();
+""" + CUDA_WORD_STEP + "  }\n" + cuda_warp_sums("lane == 0", "part[warp][r][m] = v;") + r"""  __syncthreads();
   for (int i = threadIdx.x; i < R * MB; i += NT) {
     const int r = i / MB;
     const int m = i - r * MB;
@@ -346,31 +261,21 @@ METAL_SOURCE = r"""
 """
 
 
-def _source_tag(*parts: str) -> str:
-    # MLX caches compiled kernels by name, so the name carries a hash of the source.
-    return hashlib.sha1("".join(parts).encode()).hexdigest()[:10]
-
-
-CUDA_TAG = _source_tag(CUDA_SOURCE, CUDA_STAGED_SOURCE, CUDA_SPLIT_SOURCE,
-                       qmm_mma.CUDA_MMA_HEADER, qmm_mma.CUDA_MMA_SOURCE, qmm_mma.CUDA_KSUM_SOURCE)
-METAL_TAG = _source_tag(METAL_SOURCE)
+CUDA_TAG = source_tag(CUDA_HELPERS, CUDA_SOURCE, CUDA_STAGED_SOURCE, CUDA_SPLIT_SOURCE,
+                      qmm_mma.CUDA_MMA_HEADER, qmm_mma.CUDA_MMA_SOURCE, qmm_mma.CUDA_KSUM_SOURCE)
+METAL_TAG = source_tag(METAL_SOURCE)
 CUDA_VARIANTS = {"qmv": CUDA_SOURCE, "qmvs": CUDA_STAGED_SOURCE, "qmvk": CUDA_SPLIT_SOURCE}
 MMA_DTYPES = (mx.float16, mx.bfloat16)
-_KERNELS: dict[tuple[str, str], object] = {}
 
 
 def _kernel(backend: str, variant: str):
     """The JIT kernel for a backend and variant (qmv, qmvs, qmvk; tensor-core: qmm_mma.py), built once."""
-    if (backend, variant) not in _KERNELS:
-        names = dict(input_names=["x", "w", "scales", "biases"], output_names=["out"])
-        if backend == "cuda" and variant in CUDA_VARIANTS:
-            kernel = mx.fast.cuda_kernel(name=f"locals_{variant}_{CUDA_TAG}", source=CUDA_VARIANTS[variant], **names)
-        elif backend == "metal" and variant == "qmv":
-            kernel = mx.fast.metal_kernel(name=f"locals_qmv_{METAL_TAG}", source=METAL_SOURCE, **names)
-        else:
-            raise ValueError(f"no {variant} quantized-matmul kernel for the {backend} backend")
-        _KERNELS[(backend, variant)] = kernel
-    return _KERNELS[(backend, variant)]
+    names = (["x", "w", "scales", "biases"], ["out"])
+    if backend == "cuda" and variant in CUDA_VARIANTS:
+        return jit_kernel(backend, f"locals_{variant}_{CUDA_TAG}", CUDA_VARIANTS[variant], *names)
+    if backend == "metal" and variant == "qmv":
+        return jit_kernel(backend, f"locals_qmv_{METAL_TAG}", METAL_SOURCE, *names)
+    raise ValueError(f"no {variant} quantized-matmul kernel for the {backend} backend")
 
 
 def row_bucket(rows: int) -> int:

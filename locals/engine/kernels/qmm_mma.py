@@ -44,9 +44,9 @@ each load as it came, o_proj and down_proj took 26.1 us a call on the H200 at 8 
 
 from __future__ import annotations
 
-import hashlib
-
 import mlx.core as mx
+
+from locals.engine.kernels.jit import jit_kernel, source_tag
 
 
 def tensor_tile(rows: int) -> int:
@@ -346,10 +346,7 @@ CUDA_MMA_SOURCE = r"""
         dv[it] = *reinterpret_cast<const uint4*>(nw + i);
       }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      q += __shfl_xor_sync(0xffffffffu, q, off);
-    }
+    q = locals_warp_sum(q);
     const float inv = rsqrtf(q / float(N) + e);
 #pragma unroll
     for (int it = 0; it < TV; ++it) {
@@ -378,25 +375,18 @@ CUDA_KSUM_SOURCE = r"""
 """
 
 # MLX caches compiled kernels by name, so the names carry a hash of the sources.
-MMA_TAG = hashlib.sha1((CUDA_MMA_HEADER + CUDA_MMA_SOURCE + CUDA_KSUM_SOURCE).encode()).hexdigest()[:10]
-_KERNELS: dict[str, object] = {}
+MMA_TAG = source_tag(CUDA_MMA_HEADER, CUDA_MMA_SOURCE, CUDA_KSUM_SOURCE)
 
 
 def _kernel(variant: str):
     """The JIT kernel for "qmma", "qmman" (with the residual add and norm) or "ksum", built once per process."""
-    if variant not in _KERNELS:
-        if variant == "ksum":
-            kernel = mx.fast.cuda_kernel(name=f"locals_ksum_{MMA_TAG}", source=CUDA_KSUM_SOURCE,
-                                         input_names=["p"], output_names=["out"])
-        else:
-            norm = variant == "qmman"
-            kernel = mx.fast.cuda_kernel(
-                name=f"locals_{variant}_{MMA_TAG}", source=CUDA_MMA_SOURCE,
-                header=("#define QMMA_ADD_NORM 1\n" if norm else "") + CUDA_MMA_HEADER,
-                input_names=["x", "w", "scales", "biases"] + (["res", "nw", "eps", "count"] if norm else []),
-                output_names=["out"] + (["h", "xn"] if norm else []))
-        _KERNELS[variant] = kernel
-    return _KERNELS[variant]
+    if variant == "ksum":
+        return jit_kernel("cuda", f"locals_ksum_{MMA_TAG}", CUDA_KSUM_SOURCE, ["p"], ["out"])
+    norm = variant == "qmman"
+    return jit_kernel("cuda", f"locals_{variant}_{MMA_TAG}", CUDA_MMA_SOURCE,
+                      ["x", "w", "scales", "biases"] + (["res", "nw", "eps", "count"] if norm else []),
+                      ["out"] + (["h", "xn"] if norm else []),
+                      header=("#define QMMA_ADD_NORM 1\n" if norm else "") + CUDA_MMA_HEADER)
 
 
 def launch(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, *, cols: int, threads: int,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from locals.engine.constrain.apply import apply_bitmasks
 from locals.engine.forward.rowfeed import RowOf, join_rows
 
 _split = mx.vmap(lambda key: mx.random.split(key))
@@ -52,18 +53,15 @@ class Sampled:
 
 
 def apply_masks(logits: mx.array, masks: list[mx.array | None]) -> mx.array:
-    """Set logits outside each row's bitmask to -inf, in one `where` over the stacked masks."""
+    """Set logits outside each row's bitmask (None: every token) to -inf, in one `where` over
+    the stacked masks (constrain/apply.py)."""
     if all(m is None for m in masks):
         return logits
-    vocab = logits.shape[-1]
-    width = (vocab + 31) // 32
+    width = (logits.shape[-1] + 31) // 32
     full = mx.full((width,), 0xFFFFFFFF, dtype=mx.uint32)
     # Runs of one same row (unmasked rows, rows in one automaton state) broadcast once.
     rows = [full if m is None else m if m.shape[0] == width else m[:width] for m in masks]
-    words = join_rows(rows, stack=True)
-    shifts = mx.arange(32, dtype=mx.uint32)
-    bits = ((words[:, :, None] >> shifts) & 1).reshape(len(masks), -1)[:, :vocab]
-    return mx.where(bits.astype(mx.bool_), logits, -mx.inf)
+    return apply_bitmasks(logits, join_rows(rows, stack=True))
 
 
 def sample(logits: mx.array, rows: list[RowSampling]) -> Sampled:

@@ -12,12 +12,12 @@ returns None and callers keep the host clock.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Callable
 
 import mlx.core as mx
 
 from locals import settings
+from locals.engine.kernels.jit import jit_kernel, source_tag
 
 CUDA_STAMP_SOURCE = r"""
   if (threadIdx.x == 0 && blockIdx.x == 0) {
@@ -34,16 +34,11 @@ CUDA_STAMP_SOURCE = r"""
 MLX_NODES_PER_GRAPH = 20
 NODES_PER_CALL = 3  # the link before a call, the call, and a second kernel for K-split calls
 
-_kernel = None
+STAMP_TAG = source_tag(CUDA_STAMP_SOURCE)
 
 
 def _stamp_kernel():
-    global _kernel
-    if _kernel is None:
-        tag = hashlib.sha1(CUDA_STAMP_SOURCE.encode()).hexdigest()[:10]  # MLX caches kernels by name
-        _kernel = mx.fast.cuda_kernel(name=f"locals_stamp_{tag}", source=CUDA_STAMP_SOURCE, input_names=["dep"],
-                                      output_names=["stamp", "zero"])
-    return _kernel
+    return jit_kernel("cuda", f"locals_stamp_{STAMP_TAG}", CUDA_STAMP_SOURCE, ["dep"], ["stamp", "zero"])
 
 
 def stamp(dep: mx.array, dtype=mx.float32) -> tuple[mx.array, mx.array]:
