@@ -15,11 +15,9 @@ from aiohttp import web
 
 from locals.errors import RequestError
 from locals.protocol import SamplingParams, Usage
-from locals.server.backend import Chat, Done, Text, guard_detail, start
+from locals.server.backend import Done, Text, chat_of, guard_detail, start
 from locals.server.wire import get, read_json, stop_list
-from locals.server.messages import DEFAULT_MAX_TOKENS, assistant_call, function_tool, text_of
-from locals.server.callers import caller_of
-from locals.server.overflow import policy_of_truncation
+from locals.server.messages import DEFAULT_MAX_TOKENS, assistant_call, client_tools, text_of
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -103,19 +101,8 @@ def chat_messages(body: dict) -> list[dict]:
 
 def chat_tools(tools: Any) -> list[dict] | None:
     """Client tools; Anthropic's server tools (web search, bash_2025…) have a `type` and are skipped."""
-    if tools is None:
-        return None
-    if not isinstance(tools, list):
-        raise RequestError("`tools` must be an array")
-    out = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict):
-            raise RequestError(f"tools[{i}] must be an object")
-        if tool.get("type") not in (None, "custom"):
-            continue
-        out.append(function_tool(tool.get("name"), tool.get("description"),
-                                 tool.get("input_schema"), f"tools[{i}]"))
-    return out or None
+    return client_tools(tools, lambda tool, where: None if tool.get("type") not in (None, "custom")
+                        else (tool.get("name"), tool.get("description"), tool.get("input_schema")))
 
 
 def tool_choice_of(value: Any) -> Any:
@@ -155,15 +142,13 @@ async def messages(request: web.Request) -> web.StreamResponse:
     if max_tokens < 1:
         raise RequestError("`max_tokens` must be at least 1")
     converted = chat_messages(body)
-    chat = Chat(api="anthropic", caller=caller_of(request, body),
-                overflow=policy_of_truncation(body.get("truncation")), messages=converted,
-                tools=chat_tools(body.get("tools")),
-                continue_final=_prefill(converted), tool_choice=tool_choice_of(body.get("tool_choice")),
-                parallel_tool_calls=not (body.get("tool_choice") or {}).get("disable_parallel_tool_use", False),
-                sampling=SamplingParams(
-                    temperature=get(body, "temperature", float, 1.0),
-                    top_p=get(body, "top_p", float, 1.0), top_k=get(body, "top_k", int, 0),
-                    max_tokens=max_tokens, stop=stop_list(body.get("stop_sequences"), "stop_sequences")))
+    chat = chat_of(request, body, "anthropic", messages=converted, tools=chat_tools(body.get("tools")),
+                   continue_final=_prefill(converted), tool_choice=tool_choice_of(body.get("tool_choice")),
+                   parallel_tool_calls=not (body.get("tool_choice") or {}).get("disable_parallel_tool_use", False),
+                   sampling=SamplingParams(
+                       temperature=get(body, "temperature", float, 1.0),
+                       top_p=get(body, "top_p", float, 1.0), top_k=get(body, "top_k", int, 0),
+                       max_tokens=max_tokens, stop=stop_list(body.get("stop_sequences"), "stop_sequences")))
     model = body.get("model") if isinstance(body.get("model"), str) else f"locals/{backend.name}"
     msg_id = f"msg_{uuid.uuid4().hex[:24]}"
     if get(body, "stream", bool, False):

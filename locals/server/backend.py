@@ -21,7 +21,7 @@ from locals.protocol import (EngineStats, Event, FinishEvent, FinishReason, Gene
                              TokenLogprob, Usage)
 from locals.server import overflow
 from locals.server.activity import STEERED, Activity, RequestRecord
-from locals.server.callers import Caller, conversation_key, title_of
+from locals.server.callers import Caller, caller_of, conversation_key, title_of
 from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
 
 if TYPE_CHECKING:
@@ -55,6 +55,13 @@ class Chat:
     @property
     def parses_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
+
+
+def chat_of(request, body: dict, api: str, **fields) -> Chat:
+    """The Chat of one API request (`request`, its JSON `body`): who sent it and its own overflow
+    policy (`truncation`) read alike for every API; the rest as that API gives it."""
+    return Chat(api=api, caller=caller_of(request, body), overflow=overflow.policy_of_truncation(body.get("truncation")),
+                **fields)
 
 
 @dataclass

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from locals.errors import RequestError
@@ -114,24 +115,37 @@ def function_tool(name: Any, description: Any, parameters: Any, where: str) -> d
         "parameters": parameters or {"type": "object", "properties": {}}}}
 
 
-def openai_tools(tools: Any) -> list[dict] | None:
-    """Chat Completions tools; tools other than functions (built-in server tools) are skipped."""
+def client_tools(tools: Any, parts: Callable[[dict, str], tuple | None]) -> list[dict] | None:
+    """A request's `tools` (an array of objects) as OpenAI function tools, None when there are none;
+    `parts(tool, where)` gives a tool's (name, description, parameters), or None for a tool that is
+    not the client's to run (a provider's built-in server tool), which is skipped."""
     if tools is None:
         return None
     if not isinstance(tools, list):
         raise RequestError("`tools` must be an array")
     out = []
     for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
         if not isinstance(tool, dict):
-            raise RequestError(f"tools[{i}] must be an object")
-        if tool.get("type", "function") != "function":
-            continue
-        fn = tool.get("function", tool)  # the Responses API puts the fields at the top level
-        if not isinstance(fn, dict):
-            raise RequestError(f"tools[{i}].function must be an object")
-        out.append(function_tool(fn.get("name"), fn.get("description"), fn.get("parameters"),
-                                 f"tools[{i}]"))
+            raise RequestError(f"{where} must be an object")
+        fields = parts(tool, where)
+        if fields is not None:
+            out.append(function_tool(*fields, where))
     return out or None
+
+
+def openai_tools(tools: Any) -> list[dict] | None:
+    """Chat Completions (and Responses) tools; tools other than functions (built-in server tools) are skipped."""
+    return client_tools(tools, _openai_tool_parts)
+
+
+def _openai_tool_parts(tool: dict, where: str) -> tuple | None:
+    if tool.get("type", "function") != "function":
+        return None
+    fn = tool.get("function", tool)  # the Responses API puts the fields at the top level
+    if not isinstance(fn, dict):
+        raise RequestError(f"{where}.function must be an object")
+    return fn.get("name"), fn.get("description"), fn.get("parameters")
 
 
 def openai_tool_choice(value: Any) -> Any:

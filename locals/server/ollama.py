@@ -13,11 +13,9 @@ from aiohttp import web
 
 from locals.errors import RequestError
 from locals.protocol import SamplingParams
-from locals.server.backend import Backend, Chat, Done, Text, guard_detail, start
+from locals.server.backend import Backend, Chat, Done, Text, chat_of, guard_detail, start
 from locals.server.wire import get, read_json, stop_list
 from locals.server.messages import DEFAULT_MAX_TOKENS, assistant_call, openai_tools, text_of
-from locals.server.callers import caller_of
-from locals.server.overflow import policy_of_truncation
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -157,10 +155,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
     sampling = _sampling(body)  # a malformed `options` is a 400 even with nothing to generate
     if body.get("messages") in (None, []):  # `ollama run` preloads with an empty chat
         return _load_reply(body, _model(body, backend), "message")
-    request_chat = Chat(api="ollama", caller=caller_of(request, body),
-                        overflow=policy_of_truncation(body.get("truncation")), messages=_messages(body.get("messages")),
-                        tools=openai_tools(body.get("tools")),
-                        json_schema=_format_schema(body.get("format")), sampling=sampling)
+    request_chat = chat_of(request, body, "ollama", messages=_messages(body.get("messages")),
+                           tools=openai_tools(body.get("tools")), json_schema=_format_schema(body.get("format")),
+                           sampling=sampling)
     return await _reply(request, backend, request_chat, _model(body, backend),
                         get(body, "stream", bool, True), "message")
 
@@ -175,14 +172,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if not prompt:  # Ollama's way to ask for the model to be loaded
         return _load_reply(body, model, "response")
     if get(body, "raw", bool, False):
-        request_chat = Chat(api="ollama", caller=caller_of(request, body), prompt=prompt, sampling=_sampling(body),
-                            json_schema=_format_schema(body.get("format")))
+        request_chat = chat_of(request, body, "ollama", prompt=prompt, sampling=_sampling(body),
+                               json_schema=_format_schema(body.get("format")))
     else:
         messages = [{"role": "user", "content": prompt}]
         if get(body, "system", str):
             messages.insert(0, {"role": "system", "content": body["system"]})
-        request_chat = Chat(api="ollama", caller=caller_of(request, body), messages=messages, sampling=_sampling(body),
-                            json_schema=_format_schema(body.get("format")))
+        request_chat = chat_of(request, body, "ollama", messages=messages, sampling=_sampling(body),
+                               json_schema=_format_schema(body.get("format")))
     return await _reply(request, backend, request_chat, model, get(body, "stream", bool, True),
                         "response")
 

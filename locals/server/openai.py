@@ -11,13 +11,11 @@ from aiohttp import web
 
 from locals.errors import RequestError
 from locals.protocol import SamplingParams, TokenLogprob, Usage
-from locals.server.backend import Backend, Chat, Done, Text, guard_detail, start
+from locals.server.backend import Backend, Chat, Done, Text, chat_of, guard_detail, start
 from locals.server.wire import get, read_json, stop_list
 from locals.server.messages import (DEFAULT_MAX_TOKENS, openai_messages, openai_tool_choice,
                                     openai_tools, schema_of_response_format,
                                     strict_response_format)
-from locals.server.callers import caller_of
-from locals.server.overflow import policy_of_truncation
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -72,24 +70,28 @@ def _call_json(call: ToolCall, index: int | None = None) -> dict:
     return out if index is None else {"index": index, **out}
 
 
-def _model_name(body: dict, backend: Backend) -> str:
+def model_name(body: dict, backend: Backend) -> str:
+    """The model a reply names: the one the request named (any is served by the loaded model)."""
     model = body.get("model")
     return model if isinstance(model, str) and model else f"locals/{backend.name}"
+
+
+def openai_chat(request: web.Request, body: dict, api: str, messages: list[dict], response_format: Any) -> Chat:
+    """The Chat of an OpenAI-shaped request (Chat Completions, Responses): its `messages` and its
+    `response_format` as that API carries them; tools, tool choice and sampling read alike."""
+    return chat_of(request, body, api, messages=messages, tools=openai_tools(body.get("tools")),
+                   tool_choice=openai_tool_choice(body.get("tool_choice")),
+                   json_schema=schema_of_response_format(response_format),
+                   strict_schema=strict_response_format(response_format),
+                   parallel_tool_calls=get(body, "parallel_tool_calls", bool, True), sampling=sampling_of(body))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     backend = backend_of(request)
     body = await read_json(request)
-    chat = Chat(api="openai", caller=caller_of(request, body),
-                overflow=policy_of_truncation(body.get("truncation")), messages=openai_messages(body.get("messages")),
-                tools=openai_tools(body.get("tools")),
-                tool_choice=openai_tool_choice(body.get("tool_choice")),
-                json_schema=schema_of_response_format(body.get("response_format")),
-                strict_schema=strict_response_format(body.get("response_format")),
-                parallel_tool_calls=get(body, "parallel_tool_calls", bool, True),
-                sampling=sampling_of(body))
+    chat = openai_chat(request, body, "openai", openai_messages(body.get("messages")), body.get("response_format"))
     meta = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
-            "model": _model_name(body, backend)}
+            "model": model_name(body, backend)}
     if get(body, "stream", bool, False):
         options = get(body, "stream_options", dict, {})
         return await _stream_chat(request, backend, chat, meta, bool(options.get("include_usage")))
@@ -155,9 +157,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if not isinstance(prompt, str):
         raise RequestError("`prompt` must be a string (one prompt per request)")
     sampling = sampling_of(body, legacy_logprobs=True)
-    chat = Chat(api="openai", caller=caller_of(request, body), prompt=prompt, sampling=sampling)
+    chat = chat_of(request, body, "openai", prompt=prompt, sampling=sampling)
     meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
-            "model": _model_name(body, backend), "object": "text_completion"}
+            "model": model_name(body, backend), "object": "text_completion"}
     if get(body, "stream", bool, False):
         async with aclosing(await start(backend, chat)) as outputs:
             stream = await EventStream(request).open()

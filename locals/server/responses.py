@@ -16,11 +16,8 @@ from locals.errors import RequestError
 from locals.protocol import Usage
 from locals.server.backend import Chat, Completion, Done, Text, start
 from locals.server.wire import get, read_json
-from locals.server.messages import (assistant_call, openai_tool_choice, openai_tools,
-                                    schema_of_response_format, strict_response_format, text_of)
-from locals.server.openai import sampling_of
-from locals.server.callers import caller_of
-from locals.server.overflow import policy_of_truncation
+from locals.server.messages import assistant_call, text_of
+from locals.server.openai import model_name, openai_chat
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -104,16 +101,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     backend = backend_of(request)
     body = await read_json(request)
     text_opts = get(body, "text", dict, {})
-    chat = Chat(api="responses", caller=caller_of(request, body),
-                overflow=policy_of_truncation(body.get("truncation")), messages=input_messages(body),
-                tools=openai_tools(body.get("tools")),
-                tool_choice=openai_tool_choice(body.get("tool_choice")),
-                json_schema=schema_of_response_format(text_opts.get("format")),
-                strict_schema=strict_response_format(text_opts.get("format")),
-                parallel_tool_calls=get(body, "parallel_tool_calls", bool, True),
-                sampling=sampling_of(body))
-    meta = {"id": f"resp_{uuid.uuid4().hex[:24]}", "created_at": int(time.time()),
-            "model": body.get("model") if isinstance(body.get("model"), str) else f"locals/{backend.name}",
+    chat = openai_chat(request, body, "responses", input_messages(body), text_opts.get("format"))
+    meta = {"id": f"resp_{uuid.uuid4().hex[:24]}", "created_at": int(time.time()), "model": model_name(body, backend),
             "instructions": body.get("instructions"), "tools": body.get("tools") or [],
             "tool_choice": body.get("tool_choice") or "auto",
             "parallel_tool_calls": bool(body.get("parallel_tool_calls", True))}
