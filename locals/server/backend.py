@@ -60,8 +60,8 @@ class Chat:
 def chat_of(request, body: dict, api: str, **fields) -> Chat:
     """The Chat of one API request (`request`, its JSON `body`): who sent it and its own overflow
     policy (`truncation`) read alike for every API; the rest as that API gives it."""
-    return Chat(api=api, caller=caller_of(request, body), overflow=overflow.policy_of_truncation(body.get("truncation")),
-                **fields)
+    policy = overflow.policy_of_truncation(body.get("truncation"))
+    return Chat(api=api, caller=caller_of(request, body), overflow=policy, **fields)
 
 
 @dataclass

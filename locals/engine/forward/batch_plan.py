@@ -103,8 +103,8 @@ class BatchPlan:
         """q (P, heads, 1, dim) and kv (2P, kv_heads, 1, dim) (keys, then values) of the plan's
         P tokens in order -> (P, heads * dim). `kernel`: a verified decode attention kernel,
         used when every row brings one token and the rows' lengths differ. At equal lengths MLX's
-        own vector kernel runs (no mask): on the H200 it was 9% faster at B = 32 and even at B = 8
-        (batch_decode-gpu-20261202-045108.json)."""
+        own vector kernel runs (no mask), which was as fast or faster there (docs/benchmarks-log.md,
+        "Rows at different lengths: decode attention over each row's own length")."""
         self.batch.write(li, self.index, kv)
         if kernel is not None and self.gather is None and self.ragged:
             return kernel(q, self.batch.kv[li], self.meta, self.t, scale)

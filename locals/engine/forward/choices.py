@@ -3,7 +3,7 @@ they join matmuls and run as compiled graphs. One frozen value per engine (`Engi
 passed down to every pass; a benchmark that compares two ways builds two engines.
 
 The defaults are what locals serves. Each field says what it turns off; what was measured for it
-is in docs/benchmarks.md (the section named beside it).
+is in docs/benchmarks-log.md (the section named beside it).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 # Passes of at most this many tokens (decode steps, short forced or draft chunks) run as compiled
 # graphs: a small-batch decode step is host-bound on a GPU (building the ops in Python was a
 # quarter of it), and compiling removes that work. Longer passes (prompt chunks) are compute-bound
-# and would each compile a new shape. See docs/benchmarks.md, "Kernels of one engine step
+# and would each compile a new shape. See docs/benchmarks-log.md, "Kernels of one engine step
 # (ncu)", its native profile.
 COMPILE_MAX_TOKENS = 64
 EVERY_PASS = 1 << 30  # a token limit no pass reaches
@@ -30,20 +30,20 @@ class ForwardChoices:
     # The decode attention kernel among them; False attends with MLX's op.
     decode_attention: bool = True
     # In a whole decode step, the q/k kernel writes keys and values into the cache itself;
-    # False stores them with a scatter a layer (docs/benchmarks.md, "Keys and values written by the
+    # False stores them with a scatter a layer (docs/benchmarks-log.md, "Keys and values written by the
     # q/k kernel").
     cache_writes: bool = True
     # SwiGLU inside the joined gate/up kernel where it verified; False applies MLX's activation
-    # (docs/benchmarks.md, "SwiGLU inside the gate/up kernel").
+    # (docs/benchmarks-log.md, "SwiGLU inside the gate/up kernel").
     gated: bool = True
     # A pure decode step as one compiled graph; False runs it as compiled seams between attention
-    # calls (docs/benchmarks.md, "A decode step as one compiled graph").
+    # calls (docs/benchmarks-log.md, "A decode step as one compiled graph").
     whole_steps: bool = True
     # Passes up to this many tokens run compiled (0: none).
     compile_max_tokens: int = COMPILE_MAX_TOKENS
     # Up to how many tokens a pass runs a layer's joined q/k/v and gate/up matmuls (forward/fuse.py);
     # longer passes run the parts, views of the same weights. Joined won at every batch size with the
-    # fused q/k kernel (docs/benchmarks.md, "Fused layer kernels, joined every pass"); without it see
+    # fused q/k kernel (docs/benchmarks-log.md, "Fused layer kernels, joined every pass"); without it see
     # layer_pass.UNFUSED_QKV_MAX_TOKENS.
     joined_qkv_max_tokens: int = EVERY_PASS
     joined_gate_up_max_tokens: int = EVERY_PASS

@@ -21,7 +21,7 @@ def _unfused_qkv_limit() -> int:
 
     CUDA: 4. There MLX's rms_norm copies the strided q/k slices of a joined output of several
     rows, and RoPE copies strided 4-D inputs: without the fused kernel, joined lost to the parts
-    at B = 8 and won at B = 4 (docs/benchmarks.md, "Joined q/k/v and gate/up matmuls").
+    at B = 8 and won at B = 4 (docs/benchmarks-log.md, "Joined q/k/v and gate/up matmuls").
     Elsewhere every pass: nothing has measured otherwise there (the CPU's dense path runs the
     same either way)."""
     cuda = getattr(mx, "cuda", None)

@@ -2,8 +2,8 @@
 
 Each layer adds the attention output to the residual stream and normalizes it for the MLP,
 then adds the MLP output and normalizes it for the next layer's attention: four kernels a
-layer with MLX's ops (two adds, two norms; an H200 B = 8 step ran 72 `binary_vv` and 145
-`rms_norm_small`, step_kernels-gpu-20261130-152042.json), two with this one.
+layer with MLX's ops (two adds, two norms), two with this one (docs/benchmarks-log.md, "Fused
+layer kernels, joined every pass").
 
 One threadgroup per token, each thread holding its values in registers. The sum is rounded
 to the dtype (the residual stream is kept in it), squared and summed in float32, then each
@@ -29,8 +29,7 @@ THREADS = 256  # a threadgroup: 8 warps/simdgroups; 2560 values are 10 a thread
 # Template: T (dtype), VPT (values a thread: width / 256 rounded up). Inputs a, b (T, D);
 # w (D,); eps (1,) float32. Outputs h, x (T, D). Every load is issued before the first
 # store: with the stores in the loop (h might alias a or b for all the compiler knows) each
-# value cost a memory latency, 10 us a call for 8 rows of 2560 on the H200
-# (step_kernels-gpu-20261130-182924.json).
+# value cost a memory latency (docs/benchmarks-log.md, "Add+norm with its loads first").
 CUDA_SOURCE = r"""
   constexpr int NT = 256;
   __shared__ float part[NT / 32];

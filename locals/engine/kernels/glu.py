@@ -2,9 +2,9 @@
 GATED) writes silu(gate) * up instead of [gate | up], checked on this device before the engine
 uses it.
 
-A small-batch decode step on the H200 is host work, about 10 us per kernel queued, and the
+A small-batch decode step on the H200 is host work, paid per kernel queued, and the
 activation between the joined gate/up matmul and down_proj is one of a layer's kernels
-(docs/benchmarks.md, "SwiGLU inside the gate/up kernel"). The registry folds it for the row
+(docs/benchmarks-log.md, "SwiGLU inside the gate/up kernel"). The registry folds it for the row
 counts whose kernel passed its check on the layer's own shape here; other row counts, and
 every other backend, keep MLX's activation.
 """

@@ -3,8 +3,8 @@ RoPE for every query and key head of a pass, in one kernel that also places the 
 
 MLX runs this as up to six kernels a layer: two norms, two RoPEs, and on CUDA two copies,
 because the q and k slices of a joined q/k/v output are strided and MLX's CUDA rms_norm
-copies inputs that are not contiguous (72 `copy_g_nd` in an H200 B = 8 step,
-step_kernels-gpu-20261130-152042.json). The kernel reads q, k and v where they lie (one
+copies inputs that are not contiguous (docs/benchmarks-log.md, "Fused layer kernels, joined
+every pass"). The kernel reads q, k and v where they lie (one
 joined output at three column offsets, or three separate outputs) and writes q in the
 layout decode attention takes, (T, heads, 1, dim), and the keys with the values after them
 in one (2T, kv_heads, 1, dim) array, which the decode batch stores with one scatter a

@@ -5,11 +5,11 @@ checked on this device before the engine uses it.
 Each layer adds the attention output (o_proj's) to the residual stream and normalizes it
 for the MLP, then adds the MLP output (down_proj's) and normalizes it for the next layer:
 with the add + norm kernel (addnorm.py) that is two kernels a layer after two matmuls. A
-B = 8 decode step on the H200 is host work at ~10 us a kernel queued (docs/benchmarks.md),
-so the matmul's last block to finish does the add and norm. Reading the norm's input in
-every block instead (before the product) was measured first: the per-block work on x made
-the joined projections 2.5-3x slower on the H200 (gate/up 51 us a call against 21, q/k/v 30 against 9;
-step_kernels-gpu-20261201-050739.json).
+small-batch decode step on the H200 is host work, paid per kernel queued, so the matmul's
+last block to finish does the add and norm. Reading the norm's input in every block instead
+(before the product) was measured first: the per-block work on x made the joined projections
+several times slower (docs/benchmarks-log.md, "The residual add and norm inside o_proj and
+down_proj").
 """
 
 from __future__ import annotations

@@ -170,10 +170,10 @@ CUDA_STAGED_SOURCE = CUDA_SIZES + r"""  constexpr int E = 16 / int(sizeof(T));  
 
 # The split-K variant: a block's warps share R output columns and each walks its own slice
 # of K, their sums meeting in shared memory. For N = 2560 outputs the one-warp-per-column
-# kernels run 1280 warps that each walk all of K (38 dependent loads for K = 9728); inside
-# a model's 8-row step they averaged 32 us a call, ~160 GB/s
-# (step_kernels-gpu-20261130-083540.json). Splitting K gives the SMs S times the warps,
-# each with S times fewer loads in a row.
+# kernels run 1280 warps that each walk all of K (38 dependent loads for K = 9728), and
+# inside a model's 8-row step they read the weights at a small part of the memory's rate
+# (docs/benchmarks-log.md, "Kernels of one engine step (ncu)"). Splitting K gives the SMs S
+# times the warps, each with S times fewer loads in a row.
 CUDA_SPLIT_SOURCE = CUDA_SIZES + r"""  constexpr int S = NT / 32;  // warps per block, each over its own slice of K
   __shared__ float part[S][R][MB];
   const int warp = threadIdx.x >> 5;

@@ -2,7 +2,7 @@
 
 The CUDA-core kernels in qmm.py accumulate every row's products in float32 FMAs: at 8
 rows that is 8 FMAs per weight value, more than an SM issues per weight byte it can
-read, so from ~4 rows they are bound by instructions, not by memory (docs/benchmarks.md,
+read, so from ~4 rows they are bound by instructions, not by memory (docs/benchmarks-log.md,
 the per-M table). Here each weight value is dequantized once (two bf16x2 or f16x2
 instructions per pair of values) and the products run on the tensor cores: one
 `mma.m16n8k16` multiplies 16 weight columns by 16 k values for 8 batch rows.
@@ -11,9 +11,9 @@ Layout. A block owns 16·NC output columns; its S warps split K in chunks of 128
 (each warp takes every S-th chunk) and sum through shared memory at the end. With KS > 1,
 KS blocks share a column tile (each warp takes every (S·KS)-th chunk) and write float32
 partial sums that a second small kernel adds in a fixed order: an H200 decode step's
-o_proj and down_proj (2560 columns, 160 tiles of 16 for 132 SMs) read their weights at
-~0.7 TB/s against ~1.4 for gate/up (step_kernels-gpu-20261130-182924.json): too few
-warps in flight, and some SMs do two tiles while others do one. In a chunk,
+o_proj and down_proj (2560 columns, 160 tiles of 16 for 132 SMs) read their weights at half
+the rate of gate/up (docs/benchmarks-log.md, "Fused layer kernels, joined every pass"): too
+few warps in flight, and some SMs do two tiles while others do one. In a chunk,
 lane (g, t) = (lane / 4, lane % 4) loads 16 bytes (32 values) of weight columns g and
 g + 8 at k = 32·t .. 32·t + 31, and the same 32 values of batch rows g, g + 8, … (one per
 8-row tile: 1, 2 or 4 tiles). The dot product does not depend on the order of k, so each
@@ -36,10 +36,9 @@ rows and a block owns 16·NC columns, so the block that finishes last does it: e
 writes its part of d, fences, and counts itself in `count`; the last one reads d back from
 L2, writes h and xn, and sets `count` back to 0 for the next launch (one counter per layer;
 normfold.py verifies the kernel before the engine uses it). No K split (KS = 1). A warp
-takes a row with all of its loads issued before the first is used: with a loop that used
-each load as it came, o_proj and down_proj took 26.1 us a call on the H200 at 8 rows, and
-21.6 with this, against 14.2 plus 4.9 for the add + norm kernel unfused
-(step_kernels-gpu-20261201-052346.json, -052925.json, -015108.json).
+takes a row with all of its loads issued before the first is used: a loop that used each
+load as it came left o_proj and down_proj a fifth slower (docs/benchmarks-log.md, "The
+residual add and norm inside o_proj and down_proj").
 """
 
 from __future__ import annotations

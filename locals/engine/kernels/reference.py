@@ -93,10 +93,9 @@ def random_problem(rows: int, n: int, k: int, bits: int, group_size: int, dtype,
 
 # Timing rotates through copies of a layer's weights until they span this many bytes: more
 # than any GPU's last-level cache (H200: 50 MB; Apple's system-level cache: up to 96 MB),
-# so each call reads its weights from memory, as each layer of a model's step does. One
-# copy stays in cache: on the H200 that made MLX's 8-row kernel look 2-4x faster than the
-# candidates (kernels-gpu-20261129-141642.json, ~20 us for 9728x2560), while a model's 252
-# matmuls at 8 rows took 13.5 ms, 3.7x the 1-row time (step_parts-gpu-20261130-052430.json).
+# so each call reads its weights from memory, as each layer of a model's step does. One copy
+# stays in cache and times MLX's op faster than a model's step runs it (docs/benchmarks-log.md,
+# "With the weights read from memory").
 COLD_BYTES = 256 << 20
 MAX_COPIES = 64
 
@@ -117,12 +116,11 @@ def rotating(fn, x: mx.array, copies: list, group_size: int, bits: int, turn=Non
     waits for the previous call's output (or for `after`, when given): the calls run one
     after another on the device, as a model's layers do. Independent calls may run side by
     side on CUDA (MLX builds a graph of them), which flatters a kernel that fills few of the
-    GPU's SMs: MLX's 8-row matrix kernel uses one block per 128 output columns (20 of the
-    H200's 132 SMs for N = 2560), and took 52 us a call inside a model's step
-    (step_kernels-gpu-20261130-081928.json) where side-by-side timing gave ~29 us
-    (tuning_table-gpu-20261130-053213.json). Functions given one shared `turn` (a cycle
-    over `copies`) take the copies in turn between them: none re-reads a copy another just
-    left in cache."""
+    GPU's SMs, as MLX's 8-row matrix kernel does (one block per 128 output columns: 20 of the
+    H200's 132 SMs for N = 2560): it took far longer inside a model's step than side by side
+    (docs/benchmarks-log.md, "Kernels of one engine step (ncu)"). Functions given one shared
+    `turn` (a cycle over `copies`) take the copies in turn between them: none re-reads a copy
+    another just left in cache."""
     turn = itertools.cycle(copies) if turn is None else turn
     zero = mx.array(0, dtype=x.dtype)
     last: list[mx.array] = []

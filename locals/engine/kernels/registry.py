@@ -157,9 +157,8 @@ def _fill_in(routes: dict[int, object], chosen: dict[int, str], problem: Problem
     tuned count above it, when that kernel runs both in one compiled row tile (so it does the
     same work, and passed screening at row counts inside every tile). A table tuned at 2, 4, 8,
     16 and 32 rows otherwise leaves 3, 5-7, 9-15 and 17-31 to MLX's op, which on CUDA re-reads
-    the weights once per row below 8 (H200: 115 us against the kernel's 22 at 4 rows of a
-    19456x2560 layer, tuning_table-gpu-20261130-230700.json) - the sizes a team passes through
-    as its agents start and finish."""
+    the weights once per row below 8 (docs/benchmarks-log.md, "Small-batch kernels vs
+    `mx.quantized_matmul`") - the sizes a team passes through as its agents start and finish."""
     filled = dict(routes)
     for rows in tunable:
         if rows in chosen:
@@ -190,8 +189,8 @@ def tuned_linear(layer: nn.Module, table: TuningTable | None = None, candidates:
 
 def tuned_head(model: nn.Module, table: TuningTable, candidates: dict) -> TunedQuantizedEmbedding | None:
     """A routed replacement for a tied model's embedding when this chip tuned its lm_head
-    problem (on the H200, MLX's op took 849 us a call at 4 rows and 171 at 8, 20% of a B = 4
-    step's device time: step_kernels-gpu-20261201-111006.json); None otherwise."""
+    problem (MLX's op on it was a fifth of a B = 4 step's device time on the H200:
+    docs/benchmarks-log.md, "Side by side with mlx-lm again"); None otherwise."""
     head = tied_head(model)
     if head is None or isinstance(head, TunedQuantizedEmbedding):
         return None

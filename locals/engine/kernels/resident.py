@@ -1,9 +1,10 @@
 """Small constant inputs for the kernels, kept in device memory.
 
 On CUDA, MLX keeps arrays of 8 bytes or less, and arrays made from host data, in managed
-memory, which a kernel reaches across the bus: an atomic on one cost 195 us a call on the
-H200 instead of ~10 (step_kernels-gpu-20261201-051506.json). Arrays computed on the device
-and larger than 8 bytes get device memory. Elsewhere this is just a small array.
+memory, which a kernel reaches across the bus: an atomic on one made the folded kernels many
+times slower (docs/benchmarks-log.md, "The residual add and norm inside o_proj and down_proj").
+Arrays computed on the device and larger than 8 bytes get device memory. Elsewhere this is
+just a small array.
 """
 
 from __future__ import annotations

@@ -30,12 +30,10 @@ from locals.engine.kernels.tuning.verify import DEFAULT_ROWS, DEFAULT_SHAPES, Ca
 
 MLX_OP = "mlx"  # the choice that means "keep MLX's own quantized_matmul"
 MARGIN = 0.03
-# Host work per kernel a call queues, weighed against device time on CUDA: on the H200 a
-# B = 8 decode step of a 4B model spent 4.0-5.9 ms building and queuing 406 kernels
-# (Python 1.6-2.4 ms, MLX's async_eval 2.4-3.3 ms) and waited 0.01 ms for the device
-# (step_profile-gpu-20261130-230320.json and the four after it). A K-split call's second
-# kernel saved 3.7 us of device time on 2560x9728 at 8 rows, and the table that took it
-# decoded slower than one that did not in five of six pairs of processes (docs/benchmarks.md).
+# Host work per kernel a call queues, weighed against device time on CUDA: a small-batch decode
+# step on the H200 spent its time building and queuing kernels while the device waited, and a
+# K-split call's second kernel, which saved device time, made the table that took it decode
+# slower (docs/benchmarks-log.md, "Tuning by device time, and where a B = 8 step's time goes").
 HOST_US_PER_LAUNCH = 10.0
 # 2: CUDA tables timed by device time (clock.py); tables timed by the host clock are re-tuned.
 FORMAT = 2
