@@ -7,10 +7,14 @@ constrained or not, interleaved rounds), which is what a server runs. The engine
 a write_file tool whose content is a long string, where masked rows may queue the next
 pass before their token is read, against the same rows always reading first (`*_sync`).
 
-Also the compile time of one tool's call automaton in each tool-call format. Writes
-benchmarks/results/constraint-<device>-<time>.json.
+Also the compile time of one tool's call automaton in each tool-call format, and the tool-call
+parse rate: coding requests offered four tools, sampled, constrained (tool_choice "required",
+as locals serves it) and not (the same engine and prompts, as a server that does not constrain
+decodes them); a reply counts when the server's own parser reads a call of an offered tool with
+its required arguments from it. Writes benchmarks/results/constraint-<device>-<time>.json.
 
 Run: python benchmarks/constraint.py [--model smollm2] [--steps 32] [--engine-tokens 400] [--rounds 3]
+     python benchmarks/constraint.py --parse-only    # the parse rate alone (a minute on a CPU)
 """
 
 from __future__ import annotations
@@ -193,6 +197,73 @@ def engine_runs(loaded, prompts: dict[str, list[int]], batch: int, tokens: int, 
     return results
 
 
+PARSE_TOOLS = [fn("read_file", {"path": S}, ["path"]), fn("list_files", {"path": S}, ["path"]),
+               fn("run_command", {"command": S}, ["command"]),
+               fn("search", {"pattern": S, "path": S}, ["pattern"])]
+PARSE_ASKS = ("Read README.md.", "List the files in src.", "Run the test suite.", "Find where parse_date is defined.",
+              "Show me the contents of setup.py.", "What files are in the docs folder?",
+              "Run python -m pytest -q tests/test_cli.py.", "Search the project for TODO comments.")
+PARSE_SAMPLES = 2  # replies per ask and mode, each its own seed
+PARSE_SAMPLING = {"temperature": 0.7, "max_tokens": 128}
+
+
+def parses(loaded, text: str) -> bool:
+    """Whether the server's parser reads at least one call from `text`, each naming an offered tool
+    and giving its required arguments."""
+    from locals.server.toolcalls import ToolCallSplitter, tool_format_of
+
+    splitter = ToolCallSplitter(tool_format_of(loaded), PARSE_TOOLS)
+    splitter.feed(text)
+    splitter.finish()
+    required = {t["function"]["name"]: t["function"]["parameters"]["required"] for t in PARSE_TOOLS}
+    return bool(splitter.calls) and all(c.name in required and all(k in c.arguments for k in required[c.name])
+                                        for c in splitter.calls)
+
+
+def parse_rate(loaded, batch: int) -> dict:
+    """The share of replies that parse, constrained and not: every ask PARSE_SAMPLES times a mode,
+    all submitted at once to one engine of `batch` rows."""
+    from locals.engine.engine import Engine
+    from locals.engine.settings import EngineConfig
+    from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+
+    jobs = [(constrained, i) for constrained in (True, False) for i in range(len(PARSE_ASKS) * PARSE_SAMPLES)]
+    texts: dict[tuple[bool, int], list[str]] = {job: [] for job in jobs}
+    finished, errors, done, lock = set(), [], threading.Event(), threading.Lock()
+
+    def sink_for(job):
+        def sink(ev) -> None:
+            with lock:
+                if isinstance(ev, TokenEvent):
+                    texts[job].append(ev.text)
+                elif isinstance(ev, FinishEvent):
+                    finished.add(job)
+                    if ev.error:
+                        errors.append(ev.error)
+                    if len(finished) == len(jobs):
+                        done.set()
+        return sink
+
+    engine = Engine(loaded, EngineConfig(max_batch=batch))
+    engine.start()
+    try:
+        for constrained, i in jobs:
+            messages = [{"role": "user", "content": PARSE_ASKS[i % len(PARSE_ASKS)]}]
+            prompt = encode_prompt(loaded, render_prompt(loaded, messages, tools=PARSE_TOOLS))
+            c = build_constraint(loaded, tools=PARSE_TOOLS, tool_choice="required",
+                                 max_tokens=PARSE_SAMPLING["max_tokens"]) if constrained else None
+            engine.submit(GenerationRequest(prompt, SamplingParams(seed=i, **PARSE_SAMPLING), constraint=c),
+                          sink_for((constrained, i)))
+        done.wait()
+    finally:
+        engine.stop()
+    if errors:
+        raise RuntimeError(f"a request failed: {errors[0]}")
+    rate = {mode: statistics.fmean(parses(loaded, "".join(texts[job])) for job in jobs
+                                   if job[0] == (mode == "constrained")) for mode in ("constrained", "free")}
+    return {"tool_call_parse": {"requests": len(jobs) // 2, "tools": len(PARSE_TOOLS), **PARSE_SAMPLING, **rate}}
+
+
 def compile_times(loaded) -> dict[str, float]:
     vocab = token_vocab(loaded.tokenizer, loaded.vocab_size)
     out = {}
@@ -245,13 +316,17 @@ def main() -> None:
                         help="tokens per engine run (constrained requests are replaced as they finish)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (loop and engine)")
     parser.add_argument("--steps-only", action="store_true", help="skip the compile-time measurements")
+    parser.add_argument("--parse-only", action="store_true", help="measure the tool-call parse rate alone")
     parser.add_argument("--json", help="write the results here too")
     args = parser.parse_args()
     if needs_fast_blas_reexec():
         reexec_with_fast_blas()  # the CPU numbers assume OpenBLAS, like the CLI
     loaded = load_model(args.model)
     token_vocab(loaded.tokenizer, loaded.vocab_size)
-    results = {"model": loaded.name, "batch": args.batch}
+    results = {"model": loaded.name, "batch": args.batch, **parse_rate(loaded, args.batch)}
+    if args.parse_only:
+        finish(results, args.json)
+        return
     if not args.steps_only:
         results.update(compile_times(loaded))
     prompt = encode_prompt(loaded, render_prompt(loaded, [{"role": "user", "content": "List the files."}],
@@ -271,11 +346,15 @@ def main() -> None:
                                                       tools=WRITE_FILE))
     results.update(engine_runs(loaded, {"bench": prompt, "long": long_prompt}, args.batch, args.engine_tokens,
                                args.rounds))
+    finish(results, args.json)
+
+
+def finish(results: dict, json_path: str | None) -> None:
     for key, value in results.items():
         print(f"{key:44} {value:.4f}" if isinstance(value, float) else f"{key:44} {value}")
     print("wrote", write_results("constraint", results))
-    if args.json:
-        with open(args.json, "w") as fh:
+    if json_path:
+        with open(json_path, "w") as fh:
             json.dump(results, fh, indent=2)
 
 

@@ -5,7 +5,7 @@ the parent runs `--processes` children one after another and keeps every sample.
 `--homes A,B` the children alternate between LOCALS_HOME folders (e.g. two tuning tables),
 and with `--envs` between environment settings (every home with every setting), so
 settings are compared process against process, interleaved. On the H200 a B = 8 step
-was ~5 ms in some processes and ~7 ms in others, steady within each (docs/benchmarks.md).
+was ~5 ms in some processes and ~7 ms in others, steady within each (docs/benchmarks-log.md).
 
     python benchmarks/process_spread.py --random-model qwen3-4b --batches 8 --processes 6
 """

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Build the paper: regenerate tables and figures from benchmarks/results/*.json, refresh the
-# generated blocks of paper/paper.md, and render HTML (and PDF) when pandoc is installed.
+# generated blocks of paper/paper.md and docs/benchmarks.md (with README.md's headline table), and
+# render HTML (and PDF) when pandoc is installed.
 # Without pandoc, paper/paper.md with paper/generated/ is the paper.
 #   bash paper/build.sh            (PYTHON=... to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")"
 python=${PYTHON:-python3}
 "$python" make_figures.py --out generated --splice paper.md
+"$python" benchmarks_doc.py   # docs/benchmarks.md and README.md's headline table, from the same results
 if ! command -v pandoc >/dev/null; then
   echo "pandoc not found: the paper is paper/paper.md (figures in paper/generated/)"
   exit 0

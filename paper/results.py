@@ -1,8 +1,10 @@
-"""Benchmark result files for the paper: loading benchmarks/results/*.json, picking the newest
-per benchmark and device, and the command that produced each file.
+"""Benchmark result files for the paper and docs/benchmarks.md: loading benchmarks/results/*.json,
+picking the newest per benchmark and device, and the command that produced each file.
 
 Read-only over the results folder; knows the file naming of benchmarks/common.write_results
-(`<benchmark>-<cpu|gpu>-<YYYYmmdd-HHMMSS>.json`) and nothing about any one benchmark's table.
+(`<benchmark>-<cpu|gpu>-<YYYYmmdd-HHMMSS>.json`), that of `locals bench --out DIR`
+(`bench-<YYYYmmdd-HHMMSS>.json`, a served-traffic report naming its backend) and nothing about
+any one benchmark's table.
 """
 
 from __future__ import annotations
@@ -16,6 +18,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 NAME = re.compile(r"^(?P<benchmark>[a-z0-9_]+)-(?P<device>cpu|gpu)-(?P<stamp>\d{8}-\d{6})\.json$")
+BENCH_NAME = re.compile(r"^bench-(?P<stamp>\d{8}-\d{6})\.json$")
+# `locals bench` reports of this kind are results; its `--engine` reports are not kept here.
+BENCH_KIND = "serve_traffic"
+# Options that say where a report was written, not what was measured (and name a path on the
+# measuring machine): left out of the command shown.
+OUTPUT_FLAGS = ("--out", "-o")
 DEVICE_LABEL = {"gpu": "H200", "cpu": "CPU (2 shared x86 cores)"}
 
 # Scripts that do not record their argv: the top-level JSON keys that are their flags' values.
@@ -37,20 +45,38 @@ class Result:
         return self.path.name
 
     @property
+    def from_cli(self) -> bool:
+        """Written by `locals bench`, not by a script in benchmarks/."""
+        return bool(BENCH_NAME.match(self.name))
+
+    @property
     def benchmark(self) -> str:
-        return NAME.match(self.name)["benchmark"]
+        return BENCH_KIND if self.from_cli else NAME.match(self.name)["benchmark"]
 
     @property
     def device(self) -> str:
+        if self.from_cli:
+            return "cpu" if self.data.get("backend") == "cpu" else "gpu"
         return NAME.match(self.name)["device"]
 
     @property
     def stamp(self) -> str:
-        return NAME.match(self.name)["stamp"]
+        return (BENCH_NAME.match(self.name) or NAME.match(self.name))["stamp"]
+
+    @property
+    def date(self) -> str:
+        """When the run started, `YYYY-mm-dd HH:MM`, from the file's name."""
+        s = self.stamp
+        return f"{s[:4]}-{s[4:6]}-{s[6:8]} {s[9:11]}:{s[11:13]}"
 
     def command(self) -> str:
-        """The command line that wrote this file, as exactly as the file records it."""
+        """The command line that wrote this file, as exactly as the file records it (less where
+        its output went)."""
+        if self.from_cli:
+            return " ".join(["locals", *map(shlex.quote, _without_output(self.data.get("command", [])))])
         script = f"python benchmarks/{self.benchmark}.py"
+        if isinstance(self.data.get("command"), list):  # a served-traffic report: its argv, so named
+            return " ".join([script, *map(shlex.quote, _without_output(self.data["command"]))]).strip()
         if "argv" in self.data:
             return " ".join([script, *map(shlex.quote, self.data["argv"])]).strip()
         if isinstance(self.data.get("args"), dict):
@@ -60,9 +86,21 @@ class Result:
 
     def command_note(self) -> str:
         """How `command()` was recovered: from argv, or rebuilt from recorded parameters."""
-        if "argv" in self.data:
+        if "argv" in self.data or isinstance(self.data.get("command"), list):
             return ""
         return " (the file records no argv; flags rebuilt from the parameters it records)"
+
+
+def _without_output(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token in OUTPUT_FLAGS:
+            skip = True
+        elif not token.startswith(tuple(f"{flag}=" for flag in OUTPUT_FLAGS)):
+            out.append(token)
+    return out
 
 
 def _flags(values: dict) -> list[str]:
@@ -83,9 +121,9 @@ def _flags(values: dict) -> list[str]:
 def load_results(folder: Path = RESULTS, names: list[str] | None = None) -> list[Result]:
     """Every well-named result file in `folder` (or just `names`), oldest first."""
     paths = [folder / n for n in names] if names is not None else sorted(folder.glob("*.json"))
-    found = [p for p in paths if NAME.match(p.name)]
-    found.sort(key=lambda p: NAME.match(p.name)["stamp"])
-    return [Result(p, json.loads(p.read_text())) for p in found]
+    found = [Result(p, json.loads(p.read_text())) for p in paths if NAME.match(p.name) or BENCH_NAME.match(p.name)]
+    found = [r for r in found if not r.from_cli or r.data.get("benchmark") == BENCH_KIND]
+    return sorted(found, key=lambda r: r.stamp)
 
 
 def of(results: list[Result], benchmark: str, device: str | None = None) -> list[Result]:

@@ -1,0 +1,149 @@
+"""Generated section for served traffic: `locals serve` against mlx_lm.server (and llama.cpp's
+server) over HTTP, from the reports that benchmarks/serve_traffic.py and `locals bench` write
+(locals/traffic/report.py's JSON: per server and agent count, summaries over rounds; locals /
+peer ratios of the medians). Also the served figures the README's headline table quotes.
+
+Same contract as sections_engine: result files in, a Section out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from paper.markdown import Section, table
+from paper.results import DEVICE_LABEL, Result, fmt, fmt_range, med, of, source_line
+
+DEVICES = ("gpu", "cpu")
+OURS = "locals"
+# (label, keys, decimals): one row per figure; two keys share a row as "a / b" of their medians.
+COLD_ROWS = (("ready, s", ("ready_s",), 1), ("first token, s", ("first_token_s",), 1))
+PHASE_ROWS = (("wait on server, s", ("wait_s",), 1), ("output tok/s", ("output_tps",), 1),
+              ("burst tok/s", ("burst_tps",), 1), ("TTFT p50 / p99, s", ("ttft_p50_s", "ttft_p99_s"), 2),
+              ("token gap p99 / max, ms", ("gap_p99_ms", "gap_max_ms"), 0))
+# Model names as the benchmarks record them -> what the tables call them.
+MODEL_LABEL = {"qwen3-4b": "random-weight Qwen3-4B shape, 4-bit", "qwen3-tiny": "random-weight tiny Qwen3 shape",
+               "smollm2": "embedded SmolLM2-135M"}
+BUSY_PERCENT = 50  # other processes' CPU use above which a caption warns that it was measured too
+# The command that writes a device's report: the script on a GPU (a random model of the
+# shape), `locals bench` on a CPU (the machine's default model, the embedded one).
+HOW = {"gpu": "python benchmarks/serve_traffic.py", "cpu": "locals bench --out benchmarks/results/"}
+
+
+def served_model(f: Result) -> str:
+    """The model a served-traffic report ran: serve_traffic.py names the folder it writes after
+    the shape; `locals bench` records the name it was given."""
+    model = str(f.data.get("model", ""))
+    return model if f.from_cli else Path(model).name
+
+
+def model_label(name: str) -> str:
+    return MODEL_LABEL.get(name, f"`{name}`")
+
+
+def machine_label(f: Result) -> str:
+    """The machine a report ran on, from what it recorded (device name, cores, memory)."""
+    info = f.data.get("machine")
+    if not isinstance(info, dict):
+        return DEVICE_LABEL[f.device]
+    name = (info.get("device_info") or {}).get("device_name") or DEVICE_LABEL[f.device]
+    memory = f"{info['memory_bytes'] / 2**30:.0f} GiB" if info.get("memory_bytes") else "memory not recorded"
+    return f"{name} ({info.get('cpu_count', '?')} CPU cores, {memory})"
+
+
+def _workload(f: Result) -> str:
+    w = f.data.get("scaled_workload") or {}
+
+    def span(key: str) -> str:
+        lo, hi = w.get(key, ("?", "?"))
+        return f"{lo:g}–{hi:g}" if isinstance(lo, (int, float)) else "?"
+    return (f"system prompts {span('system_tokens')} tokens, turns {span('turn_tokens')}, replies "
+            f"{span('reply_tokens')}, {_count(w.get('turns'), 'turn')} an agent with {span('tool_time_s')} s of "
+            f"tool time, then a burst of {w.get('burst_reply_tokens', '?')} tokens an agent")
+
+
+def _count(n, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n if n is not None else '?'} {noun}s"
+
+
+def _cells(summaries: dict, servers: list[str], group: str, keys: tuple, digits: int) -> list[str]:
+    out = []
+    for server in servers:
+        figures = summaries[server].get(group, {})
+        if len(keys) == 1:
+            out.append(fmt_range(figures.get(keys[0]), digits))
+        else:
+            out.append(" / ".join(fmt(med(figures.get(k)), digits) for k in keys))
+    return out
+
+
+def ratio_text(r: float | None) -> str:
+    """A locals / peer ratio: two decimals, or two significant digits below 0.1 (not 0.00×)."""
+    if r is None:
+        return "–"
+    return f"{r:.2f}×" if r >= 0.1 else f"{r:.2g}×"
+
+
+def _ratio_cells(ratios: dict, peers: list[str], group: str, keys: tuple) -> list[str]:
+    return [" / ".join(ratio_text(ratios.get(p, {}).get(group, {}).get(k)) for k in keys) for p in peers]
+
+
+def served_table(f: Result) -> str:
+    summaries, ratios = f.data["summary"], f.data.get("ratios", {})
+    servers = list(summaries)
+    peers = [s for s in servers if s != OURS] if OURS in summaries else []
+    header = ["agents", "figure", *servers, *[f"{OURS} / {p}" for p in peers]]
+    groups = [("cold", COLD_ROWS)] + [(str(n), PHASE_ROWS) for n in f.data["agents"]]
+    body = []
+    for group, rows in groups:
+        for i, (label, keys, digits) in enumerate(rows):
+            body.append([group if i == 0 else "", label, *_cells(summaries, servers, group, keys, digits),
+                         *_ratio_cells(ratios, peers, group, keys)])
+    return table(header, body)
+
+
+def _failures(f: Result) -> str | None:
+    failed = {server: counts for server, counts in (f.data.get("failures") or {}).items() if any(counts.values())}
+    if not failed:
+        return None
+    parts = [f"{server}: " + ", ".join(f"{n} {'rounds failed or skipped' if key == 'rounds' else f'at {key} agents'}"
+                                       for key, n in counts.items() if n) for server, counts in failed.items()]
+    return "Failed: " + "; ".join(parts) + " (the report's `runs` say why)."
+
+
+def _caption(f: Result) -> str:
+    busy = f.data.get("other_cpu_percent_before")
+    warn = (f" Other processes used {busy:.0f}% of the CPU as the run began: the figures measure them too."
+            if isinstance(busy, (int, float)) and busy > BUSY_PERCENT else "")
+    return (f"**Table: served traffic, {DEVICE_LABEL[f.device]}** — {machine_label(f)}; "
+            f"{model_label(served_model(f))}, the same weights for every server; {_workload(f)}. "
+            f"Median (range) over {_count(f.data.get('rounds'), 'round')} (TTFT and gap pairs: medians); "
+            f"{OURS} / peer of the medians, below 1 better for times, above 1 for rates.{warn}")
+
+
+def served_traffic(results: list[Result]) -> Section:
+    sec = Section("served_traffic")
+    for device in DEVICES:
+        files = of(results, "serve_traffic", device)[-1:]
+        if not files:
+            sec.parts.append(f"*{DEVICE_LABEL[device]}: not measured yet* (no served-traffic report in "
+                             f"`benchmarks/results/` when this was generated; `{HOW[device]}` writes one).")
+            continue
+        f = files[0]
+        sec.use(files)
+        sec.parts += [_caption(f), served_table(f)]
+        if note := _failures(f):
+            sec.parts.append(note)
+        sec.parts.append(source_line(files))
+    return sec
+
+
+def newest_served(results: list[Result], device: str, model: str) -> Result | None:
+    """The newest served-traffic report of `model` on `device`, if any."""
+    files = [f for f in of(results, "serve_traffic", device) if served_model(f) == model]
+    return files[-1] if files else None
+
+
+def headline(f: Result, key: str) -> tuple[int, dict[str, float | None]]:
+    """(agent count, {server: median of `key`}) at the largest agent count the report measured."""
+    n = max(f.data["agents"])
+    return n, {server: med(s.get(str(n), {}).get(key)) for server, s in f.data["summary"].items()}
