@@ -96,7 +96,7 @@ async def test_history_endpoint_serves_the_sampler_and_refuses_a_bad_since():
 
 
 async def test_conversations_are_told_apart_by_session_or_opening():
-    engine = ScriptedEngine(replies=["a", "b", "c", "d", "e", CALL], cached=3)
+    engine = ScriptedEngine(replies=["a", "b", "c", "d", "e", CALL, "f", "g"], cached=3)
     client = await start_client(make_state(engine))
     try:
         agent = {"User-Agent": "opencode/0.9 ai-sdk/5"}
@@ -109,6 +109,10 @@ async def test_conversations_are_told_apart_by_session_or_opening():
                                    "X-Claude-Code-Session-Id": "cc-7"})
         await client.post("/v1/chat/completions", json=chat("tools please") | {"tools": TOOLS},
                           headers={"User-Agent": "codex_cli_rs/0.5", "session_id": "cx-1"})
+        await client.post("/v1/responses", json={"model": "m", "input": "hi", "prompt_cache_key": "pck-1"},
+                          headers={"User-Agent": "codex_exec/0.6"})
+        await client.post("/v1/messages", json=chat("hey") | {"max_tokens": 9, "metadata": {"user_id": "u_42"}},
+                          headers={"User-Agent": "claude-cli/1.0.83"})
         await client.post("/v1/chat/completions", json=looping(3), headers={"User-Agent": "cline"})
         await client.post("/v1/chat/completions", json=looping(5), headers={"User-Agent": "cline"})
         rows = (await (await client.get("/v1/locals/conversations")).json())["conversations"]
@@ -120,6 +124,8 @@ async def test_conversations_are_told_apart_by_session_or_opening():
         assert len(aider) == 1 and aider[0]["requests"] == 2 and aider[0]["session"] is None
         assert by_key["claude-cli/1.0.83|session:cc-7"]["requests"] == 1
         assert by_key["codex_cli_rs/0.5|session:cx-1"]["tool_calls"] == 1
+        assert by_key["codex_exec/0.6|session:pck-1"]["title"] == "hi"  # named in the body instead
+        assert by_key["claude-cli/1.0.83|session:u_42"]["requests"] == 1
         cline = [r for r in rows if r["client"] == "cline"]
         assert len(cline) == 1 and cline[0]["guards"] == {"tool_loop_steered": 1, "tool_loop": 1}
         assert rows[0]["client"] == "cline"  # the most recently seen first

@@ -34,7 +34,7 @@ function showStatus(s) {
   if (!s.engine) return blank();  // loading (maybe a new server): no old figures
   const e = s.engine;
   $("requests-total").textContent = s.requests.total;
-  $("running").textContent = e.running;
+  $("running").textContent = e.running + e.prefilling;  // in the batch, as the chart counts them
   $("waiting").textContent = e.waiting;
   $("decode-tps").textContent = e.decode_tokens_per_s.toFixed(1);
   $("prefill-tps").textContent = e.prefill_tokens_per_s.toFixed(0);
@@ -108,12 +108,13 @@ function showCharts() {
   chart("chart-prefill", [{ name: "prompt", color: "var(--blue)", points: points("prefill_tps"), fill: true }],
     rate, last.t ? rate(last.prefill_tps) + " tok/s" : "–", 10);
   const ttfts = points("ttft_s").filter(([, v]) => v != null);
+  const axisSecs = (v) => v < 1 ? (v * 1000).toFixed(0) + " ms" : +v.toFixed(1) + " s";
   chart("chart-ttft", [{ name: "ttft", color: "var(--orange)", points: ttfts, dots: true }],
-    secs, ttfts.length ? secs(ttfts[ttfts.length - 1][1]) : "–", 0.1);
+    axisSecs, ttfts.length ? secs(ttfts[ttfts.length - 1][1]) : "–", 0.1);
   chart("chart-requests", [
     { name: "running", color: "var(--green)", points: points("running"), fill: true },
     { name: "queued", color: "var(--orange)", points: points("waiting") }],
-  (v) => v.toFixed(0), last.t ? `${last.running} running, ${last.waiting} queued` : "–", 2, true);
+  (v) => v.toFixed(0), last.t ? `${last.in_flight} open: ${last.running} running, ${last.waiting} queued` : "–", 2, true);
   // The budget is GBs and the use often MBs: it is named, not drawn, so the lines stay readable.
   chart("chart-memory", [
     { name: "kv", color: "var(--blue)", points: points("kv_bytes"), fill: true },
