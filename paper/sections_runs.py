@@ -86,29 +86,32 @@ def _verdict(f: Result, scaling: str, window: int) -> str:
     return "–"
 
 
-def long_window(results: list[Result]) -> Section:
-    sec = Section("long_window")
-    files = of(results, "long_window")[-1:]
-    if not files:
-        sec.parts.append(not_measured("long_window", "gpu", "python benchmarks/long_window.py"))
-        return sec
-    f = files[0]
-    sec.use(files)
+def _window_table(f: Result) -> list[str]:
     runs = f.data["runs"]
     lengths = sorted({r["length"] for r in runs})
-    stretches = list(dict.fromkeys((r["scaling"], r["window"]) for r in runs))
     body = []
-    for scaling, window in stretches:
+    for scaling, window in dict.fromkeys((r["scaling"], r["window"]) for r in runs):
         at = {r["length"]: r for r in runs if (r["scaling"], r["window"]) == (scaling, window)}
         body.append([scaling, str(window), *[_window_cell(at[n]) if n in at else "" for n in lengths],
                      "(the baseline)" if scaling == "none" else _verdict(f, scaling, window)])
-    sec.parts += [
+    return [
         f"**Table: RoPE stretches of the embedded SmolLM2-135M ({f.data.get('trained')}-token window), "
-        f"{DEVICE_LABEL[f.device]}** — {f.data.get('samples')} samples of {f.data.get('text')} "
-        "at each length; each cell: needles found / hidden, then the text's perplexity; a stretch to window W "
-        "is measured at every length up to W.",
+        f"{DEVICE_LABEL[f.device]}** — {f.data.get('samples')} samples of {f.data.get('text')} at each length; "
+        "each cell: needles found / hidden, then the text's perplexity; a stretch to window W is measured at "
+        "every length up to W.",
         table(["scaling", "window", *[f"{n} tokens" for n in lengths], "verdict"], body),
-        source_line(files)]
+        source_line([f])]
+
+
+def long_window(results: list[Result]) -> Section:
+    sec = Section("long_window")
+    for device in ("gpu", "cpu"):
+        files = of(results, "long_window", device)[-1:]
+        if not files:
+            sec.parts.append(not_measured("long_window", device, "python benchmarks/long_window.py"))
+            continue
+        sec.use(files)
+        sec.parts += _window_table(files[0])
     return sec
 
 
