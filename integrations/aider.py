@@ -1,7 +1,7 @@
 """Aider (`aider-chat`): flags for an OpenAI-compatible model plus a model-metadata file.
 
-The metadata file (ours, passed by path) tells aider the context window and that the
-model costs nothing; `locals setup aider` writes the same flags into ~/.aider.conf.yml.
+The metadata file (ours, passed by path) tells aider the input budget (the window less the
+reply's room), the reply's room and that the model costs nothing; `locals setup aider` writes the same flags into ~/.aider.conf.yml.
 """
 
 from __future__ import annotations
@@ -19,16 +19,18 @@ class Aider(Tool):
     executable = "aider"
     install = "python3 -m pip install aider-install && aider-install"
     context_wanted = 32768
+    first_prompt = 649  # aider 0.86.2, `--message`
 
     def model_name(self, ctx: LaunchContext) -> str:
         return f"openai/{ctx.model}"  # litellm's prefix for any OpenAI-compatible server
 
     def metadata_file(self, ctx: LaunchContext) -> Path:
         window = ctx.context_window(self.context_wanted)
+        reply = ctx.reply_tokens(window)
         entry = {
-            "max_tokens": min(8192, window // 4),
-            "max_input_tokens": window,
-            "max_output_tokens": min(8192, window // 4),
+            "max_tokens": reply,
+            "max_input_tokens": window - reply,
+            "max_output_tokens": reply,
             "input_cost_per_token": 0.0,
             "output_cost_per_token": 0.0,
             "litellm_provider": "openai",

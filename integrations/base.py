@@ -57,6 +57,12 @@ class LaunchContext:
         """The window a tool should assume: its preferred size, capped by the model's."""
         return min(wanted, self.context_length) if self.context_length else wanted
 
+    @staticmethod
+    def reply_tokens(window: int) -> int:
+        """What a tool keeps free for the model's reply (and the next tool result): a quarter of
+        the window, at most 8,192. Tools compact their history once the rest is full."""
+        return min(8192, window // 4)
+
     def own_dir(self, tool: str) -> Path:
         base = self.state_dir or Path(settings.foreign("TMPDIR", "/tmp")) / "locals-tools"
         path = base / tool
@@ -86,6 +92,9 @@ class Tool:
     runtime: ClassVar[tuple[str, int] | None] = None  # e.g. ("node", 24)
     port: ClassVar[int | None] = None  # a port locals must serve on for this tool (Ollama's)
     min_context: ClassVar[int | None] = None  # the tool refuses models with a shorter window
+    # Tokens of the tool's fixed first prompt (system prompt and tool definitions), measured with
+    # the embedded model's tokenizer (docs/long-window.md): no compaction can shrink it.
+    first_prompt: ClassVar[int] = 0
 
     def detect(self) -> Detection:
         path = shutil.which(self.executable) if self.executable else None

@@ -1,7 +1,7 @@
 """Claude Code (`@anthropic-ai/claude-code`) through locals' Anthropic Messages API.
 
-Everything is injected as environment (base URL, bearer token, every model slot); the
-one thing Claude Code only reads from its own file is `hasCompletedOnboarding` in
+Everything is injected as environment (base URL, bearer token, every model slot, the
+reply's room and when to compact the session); the one thing Claude Code only reads from its own file is `hasCompletedOnboarding` in
 ~/.claude.json: without it the first run stops at a login screen, so a launch sets it
 (backed up and undone by `locals disconnect claude`).
 """
@@ -30,6 +30,19 @@ def global_state_file() -> Path:
     return Path(folder) / ".claude.json" if folder else Path.home() / ".claude.json"
 
 
+# Claude Code takes no auto-compact window under 100k tokens, and arms its compaction for a
+# model it does not know only when that window is set; the threshold is then a percentage of
+# (window - reply), which is how a smaller real window is expressed.
+COMPACT_WINDOW_FLOOR = 100_000
+
+
+def compaction_env(window: int, reply: int) -> dict[str, str]:
+    """Claude Code's auto-compaction set to fire once a session's prompt passes window - reply."""
+    share = 100 * (window - reply) / (COMPACT_WINDOW_FLOOR - reply)
+    return {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(COMPACT_WINDOW_FLOOR),
+            "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": f"{share:.2f}"}
+
+
 @register
 class Claude(Tool):
     name = "claude"
@@ -38,17 +51,20 @@ class Claude(Tool):
     install = "npm install -g @anthropic-ai/claude-code"
     api = "Anthropic Messages"
     context_wanted = 32768
+    first_prompt = 12408  # Claude Code 2.1.332, `-p` with its whole tool set
 
     def env(self, ctx: LaunchContext) -> dict[str, str | None]:
         window = ctx.context_window(self.context_wanted)
+        reply = ctx.reply_tokens(window)
         env: dict[str, str | None] = {
             "ANTHROPIC_BASE_URL": ctx.base_url,
             # A bearer token needs no interactive "use this API key?" approval; an
             # inherited ANTHROPIC_API_KEY would take precedence, so it is dropped.
             "ANTHROPIC_AUTH_TOKEN": API_KEY,
             "ANTHROPIC_API_KEY": None,
-            "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(window),
-            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(min(8192, window // 4)),
+            "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(window),  # what its notice on unknown models asks for
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(reply),
+            **compaction_env(window, reply),
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_TELEMETRY": "1",
             "DISABLE_ERROR_REPORTING": "1",

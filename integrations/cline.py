@@ -1,13 +1,17 @@
 """Cline CLI (`cline`): an `openai-compatible` provider pointing at locals.
 
-A launch keeps Cline's settings in a config folder of our own (Cline's `--config`),
-filled by Cline's own `cline auth`, so ~/.cline is untouched; `locals setup cline`
-writes the same provider into ~/.cline/data/settings/providers.json instead.
+A launch keeps Cline's settings in a config folder of our own (Cline's `--config`): the
+providers file `cline auth` would write there, plus the model's input budget (`contextWindow`,
+which Cline takes as the most input it may send, compacting at 90% of it) and the reply's
+room (`maxTokens`), so ~/.cline is untouched; `locals setup cline` writes the same provider
+into ~/.cline/data/settings/providers.json instead.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from locals import settings
 from integrations.base import API_KEY, ConfigChange, LaunchContext, Tool, register
@@ -22,17 +26,27 @@ class Cline(Tool):
     executable = "cline"
     install = "npm install -g cline"
     context_wanted = 32768
+    first_prompt = 5432  # cline 3.0.65, a task with `--json`
 
     def config_dir(self, ctx: LaunchContext) -> Path:
         return ctx.own_dir("cline")
 
-    def prepare(self, ctx: LaunchContext) -> list[list[str]]:
-        return [[
-            self.executable, "auth", "-p", PROVIDER, "-k", API_KEY, "-b", ctx.v1,
-            "-m", ctx.model, "--config", str(self.config_dir(ctx)),
-        ]]
+    def provider_settings(self, ctx: LaunchContext) -> dict[str, Any]:
+        window = ctx.context_window(self.context_wanted)
+        reply = ctx.reply_tokens(window)
+        return {"provider": PROVIDER, "apiKey": API_KEY, "model": ctx.model, "baseUrl": ctx.v1,
+                "contextWindow": window - reply, "maxTokens": reply}
+
+    def providers_file(self, ctx: LaunchContext) -> Path:
+        """Our config folder's providers file, written afresh for this launch."""
+        path = self.config_dir(ctx) / "data" / "settings" / "providers.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"version": 1, "lastUsedProvider": PROVIDER, "providers": {
+            PROVIDER: {"settings": self.provider_settings(ctx), "tokenSource": "manual"}}}, indent=2))
+        return path
 
     def command(self, ctx: LaunchContext, args: list[str]) -> list[str]:
+        self.providers_file(ctx)
         options = ["--config", str(self.config_dir(ctx)), "-c", str(ctx.workdir)]
         if ctx.task:
             return [self.executable, ctx.task, *options, "--json", *args]
@@ -40,11 +54,10 @@ class Cline(Tool):
 
     def setup_values(self, ctx: LaunchContext) -> list[ConfigChange]:
         home = Path(settings.foreign("CLINE_DIR") or Path.home() / ".cline")
-        provider = {"provider": PROVIDER, "apiKey": API_KEY, "model": ctx.model, "baseUrl": ctx.v1}
         values = {
             ("version",): 1,
             ("lastUsedProvider",): PROVIDER,
-            ("providers", PROVIDER): {"settings": provider, "tokenSource": "manual"},
+            ("providers", PROVIDER): {"settings": self.provider_settings(ctx), "tokenSource": "manual"},
         }
         return [ConfigChange(home / "data" / "settings" / "providers.json", values,
                              "makes locals Cline's provider")]

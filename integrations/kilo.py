@@ -18,6 +18,7 @@ class Kilo(OpenCode):
     # 7.8.1's Linux binary package is missing from the registry; 7.7.7 has it.
     install = "npm install -g @kilocode/cli"
     context_wanted = 65536
+    first_prompt = 12508  # kilo 7.7.7, `run`
     config_env = "KILO_CONFIG_CONTENT"
     app = "kilo"
 

@@ -36,11 +36,20 @@ def check_runnable(tool: Tool) -> None:
 
 
 def check_context(tool: Tool, ctx: LaunchContext) -> None:
-    """Raise when the served model's window is shorter than the tool accepts."""
+    """Raise when the served model's window is shorter than the tool accepts, or too short for
+    the tool's fixed first prompt with room for a reply (its first request would fail)."""
     if tool.min_context and ctx.context_length and ctx.context_length < tool.min_context:
         raise LocalsError(
             f"{tool.title} needs a model with at least {tool.min_context:,} tokens of context; "
             f"{ctx.model} has {ctx.context_length:,}. Start locals with a larger model "
+            f"(`locals launch {tool.name} --model qwen`)"
+        )
+    window = ctx.context_window(tool.context_wanted)
+    if ctx.context_length and tool.first_prompt + ctx.reply_tokens(window) > window:
+        raise LocalsError(
+            f"{tool.title}'s first prompt alone (its instructions and tool definitions) is about "
+            f"{tool.first_prompt:,} tokens; {ctx.model}'s {window:,}-token context leaves no room for a "
+            f"reply after it. Start locals with a model with a longer context "
             f"(`locals launch {tool.name} --model qwen`)"
         )
 

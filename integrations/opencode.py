@@ -18,7 +18,8 @@ SCHEMA = "https://opencode.ai/config.json"
 
 
 def provider_block(ctx: LaunchContext, window: int) -> dict[str, Any]:
-    """An `@ai-sdk/openai-compatible` provider named locals with the served model in it."""
+    """An `@ai-sdk/openai-compatible` provider named locals with the served model in it. OpenCode
+    compacts a session once its last request's tokens pass `context` minus `output`."""
     return {
         "npm": "@ai-sdk/openai-compatible",
         "name": "Locals",
@@ -27,7 +28,7 @@ def provider_block(ctx: LaunchContext, window: int) -> dict[str, Any]:
             ctx.model: {
                 "name": f"{ctx.model} (locals)",
                 "tool_call": True,
-                "limit": {"context": window, "output": min(8192, window // 4)},
+                "limit": {"context": window, "output": ctx.reply_tokens(window)},
             }
         },
     }
@@ -49,6 +50,7 @@ class OpenCode(Tool):
     executable = "opencode"
     install = "npm install -g opencode-ai"
     context_wanted = 32768
+    first_prompt = 7625  # opencode 1.18.33, `run`
     config_env = "OPENCODE_CONFIG_CONTENT"
     app = "opencode"
 

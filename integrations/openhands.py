@@ -16,6 +16,7 @@ class OpenHands(Tool):
     executable = "openhands"
     install = "uv tool install --python 3.12 openhands"
     context_wanted = 32768
+    first_prompt = 8504  # OpenHands CLI 1.16.0, `--headless -t`
 
     def env(self, ctx: LaunchContext) -> dict[str, str | None]:
         return {

