@@ -33,9 +33,9 @@ class Sample:
     decode_tps: float
     prefill_tps: float
     ttft_s: float | None  # mean TTFT of the requests whose first token came in this interval
-    running: int
-    waiting: int
-    in_flight: int
+    running: int  # in the engine's batch: decoding or reading their prompt
+    waiting: int  # queued for a place in the batch
+    in_flight: int  # HTTP requests being answered (these, and those still being prepared)
     kv_bytes: int
     kv_budget_bytes: int
     prefix_cache_bytes: int
@@ -61,7 +61,7 @@ class History:
             t=round(time.time() if now is None else now, 3),
             decode_tps=round(stats.decode_tokens_per_s, 2), prefill_tps=round(stats.prefill_tokens_per_s, 2),
             ttft_s=round(sum(ttfts) / len(ttfts), 4) if ttfts else None,
-            running=stats.running, waiting=stats.waiting, in_flight=backend.activity.in_flight,
+            running=stats.running + stats.prefilling, waiting=stats.waiting, in_flight=backend.activity.in_flight,
             kv_bytes=stats.kv_bytes, kv_budget_bytes=stats.kv_budget_bytes,
             prefix_cache_bytes=int(stats.extra.get("prefix_cache_bytes", 0) or 0),
             prompt_tokens_total=stats.prompt_tokens_total, cached_tokens_total=stats.cached_tokens_total)
