@@ -73,7 +73,9 @@ def main() -> None:
     args = _args()
     plan_args = {"agents": parse_agents(args.agents), "rounds": args.rounds, "seed": args.seed,
                  "workload": Workload(turns=args.turns, size_scale=args.size_scale, time_scale=args.time_scale),
-                 "time_limit_s": args.max_minutes * 60 if args.max_minutes else None}
+                 "time_limit_s": args.max_minutes * 60 if args.max_minutes else None,
+                 # A device command stops at 10 minutes: a stuck server must not take them all.
+                 "ready_timeout_s": 300.0, "request_timeout_s": 180.0}
     path = _report_path(args.out)
     busy = other_cpu_percent()
     print(f"workload: {plan_args['workload'].scaled()}", flush=True)
