@@ -2,14 +2,15 @@
 path, flushed to the disk (fsync), renamed over it, and the rename itself flushed.
 
 A process killed mid-write (`kill -9`, a crash, a full disk) leaves at most a `*.tmp` file,
-which each cache's next start or trim deletes; the file readers see is the old one or the
-new one, never a torn one. Without the fsyncs a power cut could still leave the new name
+which the next write of the same file deletes (as do the caches' own starts and trims); the
+file readers see is the old one or the new one, never a torn one. Without the fsyncs a power cut could still leave the new name
 pointing at blocks never written, so readers also check what they load (the prompt cache
 and the automata cache carry a checksum; the tuning table must parse whole).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import threading
 from collections.abc import Iterable
@@ -27,6 +28,7 @@ def write_atomically(path: Path, parts: Iterable[bytes | memoryview]) -> int:
     The parts are written as they come (a generator may compute the last part, a checksum,
     from the ones before), so no whole-file copy is held in memory.
     """
+    _remove_dead_temps(path)
     tmp, size = temp_path(path), 0
     try:
         with open(tmp, "wb") as f:
@@ -41,6 +43,24 @@ def write_atomically(path: Path, parts: Iterable[bytes | memoryview]) -> int:
         raise
     _sync_folder(path.parent)
     return size
+
+
+def _remove_dead_temps(path: Path) -> None:
+    """Delete the temp files of `path` left by processes that died writing it."""
+    for tmp in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):
+        pid = tmp.name[len(path.name) + 1:].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _sync_folder(folder: Path) -> None:

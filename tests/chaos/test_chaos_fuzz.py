@@ -6,6 +6,8 @@ daemon on the embedded model with 5,000 bodies, is test_chaos_fuzz_daemon.py.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -45,8 +47,6 @@ def test_a_content_length_shorter_than_the_body_gets_a_400(app_server, endpoint)
                                wait_s=10)
     assert answer.status == 400
     if "json" in answer.content_type:
-        import json
-
         assert error_shape_ok(endpoint.api, json.loads(answer.body))
     assert app_server.engine.requests == []
 

@@ -44,6 +44,7 @@ def _lying_lengths(daemon) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.model
+@pytest.mark.timeout(0)  # tens of minutes on a CPU
 def test_five_thousand_fuzzed_bodies_against_a_daemon(daemons, tmp_path):
     daemon = daemons(tmp_path / "home", "--max-tokens", "8")
     driver = FuzzDriver(daemon.url)

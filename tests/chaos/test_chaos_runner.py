@@ -48,7 +48,8 @@ def generating_coder(body: dict) -> dict:
     """One agent that writes the solution and GENERATED more files with one command."""
     if body.get("response_format"):
         return one_part_plan(body)
-    script = f"import pathlib; [pathlib.Path('gen', f'f{{i}}.txt').write_text(str(i) * 4000) for i in range({GENERATED})]"
+    script = ("import pathlib; [pathlib.Path('gen', f'f{i}.txt').write_text(str(i) * 4000) "
+              f"for i in range({GENERATED})]")
     steps = [calls(call("write_file", path="wordcount.py", content=GOOD_CODE)),
              calls(call("write_file", path="test_wordcount.py", content=TESTS)),
              calls(call("run", command=f"mkdir -p gen && {sys.executable} -c \"{script}\"")),
