@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import mlx.core as mx
 
@@ -33,6 +33,7 @@ from locals.engine.rows.sequence import Sequence
 from locals.engine.settings import EngineConfig
 from locals.engine.cache.shared_prefill import SharedPrefill
 from locals.engine.stats import Counters
+from locals.engine.warmup import ShapeWarmer
 from locals.engine.step import Launched, StepRunner
 from locals.protocol import EngineStats, Event, FinishEvent, FinishReason, GenerationRequest, Usage
 
@@ -55,18 +56,25 @@ def _safe(sink: Sink, request_id: str) -> Sink:
     return call
 
 
-def _patch_kernels(loaded) -> int:
-    """On GPUs, route small-batch quantized matmuls to the tuned kernels (if `locals tune` ran)."""
+def _patch_kernels(loaded) -> tuple[int, int]:
+    """On GPUs, route small-batch quantized matmuls to the tuned kernels (if `locals tune` ran):
+    (layers patched, layer shape x row count pairs still untuned). Tuning never runs inside the
+    server: it held requests for seconds at a time (docs/tune.md)."""
     backend = getattr(loaded, "backend", None)
     if backend is None or getattr(backend, "kind", "cpu") == "cpu":
-        return 0
+        return 0, 0
     try:
         from locals.engine.kernels import patch_model
+        from locals.engine.kernels.tuning.tuner import untuned
 
-        return patch_model(loaded.model)
+        patched, left = patch_model(loaded.model), untuned(loaded.model)
+        if left:
+            log.warning("kernels: %d layer shape x row count pairs untuned on this GPU; run `locals tune` "
+                        "once (a few minutes) and restart for faster decoding", left)
+        return patched, left
     except Exception:  # a missing or stale tuning table must never stop serving
         log.exception("tuned kernels not applied")
-        return 0
+        return 0, 0
 
 
 def _fuse_kernels(loaded) -> dict[str, int]:
@@ -98,7 +106,7 @@ class Engine:
         self.config = config or EngineConfig()
         # Before tuning: the tuned layers are the joined ones.
         self.fused_groups = fuse_projections(self.model) if self.config.fuse_projections else 0
-        self.patched_layers = _patch_kernels(loaded) if self.config.tuned_kernels else 0
+        self.patched_layers, self.untuned_pairs = _patch_kernels(loaded) if self.config.tuned_kernels else (0, 0)
         self.fused_kernel_layers = _fuse_kernels(loaded) if self.config.tuned_kernels else {}
         self.tokenizer = loaded.tokenizer
         self.kv_budget = self.config.resolved_kv_budget()
@@ -118,6 +126,12 @@ class Engine:
         # Decoding rows share one padded KV per layer (one attention call for all of them).
         self.decode_batch = DecodeBatch(len(self.model.layers)) if supports_ragged(self.model) else None
         self.counters = Counters()
+        # Decode-step shapes compiled ahead (warmup.py); `ready` is set once the first batch of them is.
+        self.warmer = (ShapeWarmer(self.model, self.runner, cfg.max_batch, loaded.context_length,
+                                   self.kv_budget // max(self.bytes_per_token, 1))
+                       if cfg.warm_up_s > 0 and self.decode_batch is not None else None)
+        self._warmed_by: ShapeWarmer | None = None  # the warmer, once it has compiled every shape
+        self.ready = threading.Event()
         self._inbox: queue.Queue[Message] = queue.Queue()
         self._waiting: deque[tuple[GenerationRequest, Sink, float]] = deque()
         self._active: list[Sequence] = []
@@ -126,10 +140,6 @@ class Engine:
         self._submit_lock = threading.Lock()
         self._stopping = threading.Event()
         self._kv_bytes = 0
-        # Work the engine thread does while no request is around: called as
-        # idle_work(interrupted) -> True while more remains; it must return soon after
-        # interrupted() turns True. Set before start().
-        self.idle_work: Callable[[Callable[[], bool]], bool] | None = None
         self._pump = self.prefix_cache.pump  # a bounded slice of a disk tier's copy (nothing without one)
 
     # --- public surface -------------------------------------------------------------------
@@ -239,9 +249,9 @@ class Engine:
             weights_bytes=int(getattr(self.loaded, "weights_bytes", 0) or 0),
             steps=c.steps,
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
+                   "untuned_pairs": self.untuned_pairs, **self._compile_stats(),
                    "generating_tokens": sum(len(s.generated) for s in active),  # not in the total yet
                    "fused_kernel_layers": self.fused_kernel_layers, "folded_in_matmuls": self._folded_in_matmuls(),
-                   "tuning_left": int(getattr(self.idle_work, "left", 0) or 0),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
                    "taken_back_tokens": c.taken_back_total, "masks_after_steps": c.masks_after_total,
                    "prefix_cache_bytes": int(self.prefix_cache.nbytes),
@@ -264,24 +274,22 @@ class Engine:
     def _loop(self) -> None:
         # MLX streams belong to the thread that creates them: make ours here.
         with mx.stream(mx.new_stream(mx.default_device())):
+            self._warm_up()
             launched: Launched | None = None
             busy = False
-            idle_since = time.monotonic()
             while not self._stopping.is_set():
                 idle = launched is None and not self._active and not self._waiting
                 if idle and busy:
                     # Once the last request is gone, give freed memory back so the server
                     # returns to its idle size between bursts of agents.
                     release_memory()
-                    idle_since = time.monotonic()
                 busy = not idle
-                quiet = time.monotonic() - idle_since >= self.config.idle_work_after_s
-                if idle and quiet and self._inbox.empty() and self.idle_work is not None:
-                    self._run_idle_work()
+                if idle and self.warmer is not None and self._inbox.empty():
+                    self._warm_one()
                 # A bounded slice of the prompt cache's copy to host for disk (never a whole
                 # prefix in one go: every running stream would stall on it).
                 copying = self._pump is not None and self._pump(idle)
-                self._drain(block=idle and not copying and (self.idle_work is None or not quiet))
+                self._drain(block=idle and not copying and self.warmer is None)
                 self._admit()
                 waits = launched is not None
                 masks, drafts = waits and self._sync_for_masks(), waits and self._sync_for_drafts()
@@ -312,15 +320,33 @@ class Engine:
             self.runner.compiled = CompiledBlocks()
             gc.collect()
 
-    def _run_idle_work(self) -> None:
-        """One slice of background work (kernel tuning), stopped as soon as a request or a stop arrives."""
-        try:
-            more = self.idle_work(lambda: not self._inbox.empty() or self._stopping.is_set())
-        except Exception:  # background work must never take the engine down
-            log.exception("background work failed; it will not run again")
-            more = False
-        if not more:
-            self.idle_work = None
+    def _compile_stats(self) -> dict:
+        """Shapes compiled ahead so far, whether more are coming, and passes that ran uncompiled
+        because theirs was not yet (0 once warm: what the served-traffic test checks)."""
+        warmer = self.warmer or self._warmed_by
+        return {"compiled_shapes": warmer.traced if warmer else 0,
+                "compile_seconds": round(warmer.seconds, 2) if warmer else 0.0,
+                "compiling_ahead": self.warmer is not None,
+                "uncompiled_passes": self.runner.compiled.uncompiled_passes}
+
+    def _warm_up(self) -> None:
+        """Compile the likeliest decode-step shapes before taking requests, then say ready."""
+        if self.warmer is not None:
+            if not self.warmer.warm(self.config.warm_up_s, stop=self._stopping.is_set):
+                self._warmed()
+            else:
+                log.info("compiled %d decode-step shapes in %.1f s before taking requests; the rest "
+                         "compile while idle", self.warmer.traced, self.warmer.seconds)
+        self.ready.set()
+
+    def _warm_one(self) -> None:
+        """One more shape while no request is around (a request waits for one compile at most)."""
+        if not self.warmer.warm(0.0):
+            self._warmed()
+
+    def _warmed(self) -> None:
+        log.info("compiled every decode-step shape: %d in %.1f s", self.warmer.traced, self.warmer.seconds)
+        self.warmer, self._warmed_by = None, self.warmer
 
     def _sync_for_masks(self) -> bool:
         """Whether a constrained row needs the token in flight before its next mask exists."""
