@@ -131,6 +131,7 @@ def write_random_qwen3(folder: Path, shape: str, seed: int = 0) -> Path:
     mx.eval(model.parameters())
     save_model(folder, model, donate_model=True)
     save_config(config, folder / "config.json")
+    mx.clear_cache()  # the servers, not this process, need the device's memory next
     return folder
 
 

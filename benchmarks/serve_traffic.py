@@ -43,8 +43,9 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--shape", default="qwen3-4b", choices=sorted(QWEN3_SHAPES))
     parser.add_argument("--servers", default="locals,mlx_lm.server")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-minutes", type=float, default=None,
-                        help="start no server round that would likely end after this")
+    parser.add_argument("--max-minutes", type=float, default=8.5,
+                        help="start no server round that would likely end after this (default 8.5: a device "
+                             "command stops at 10 minutes, and the model is written first)")
     parser.add_argument("--quick", action="store_true", help="1/8 agents, 2 rounds, 1 turn, sizes x 0.5")
     parser.add_argument("--out", type=Path, default=None, help="report file or folder (default benchmarks/results/)")
     args = parser.parse_args()
@@ -72,7 +73,9 @@ def main() -> None:
     args = _args()
     plan_args = {"agents": parse_agents(args.agents), "rounds": args.rounds, "seed": args.seed,
                  "workload": Workload(turns=args.turns, size_scale=args.size_scale, time_scale=args.time_scale),
-                 "time_limit_s": args.max_minutes * 60 if args.max_minutes else None}
+                 "time_limit_s": args.max_minutes * 60 if args.max_minutes else None,
+                 # A device command stops at 10 minutes: a stuck server must not take them all.
+                 "ready_timeout_s": 300.0, "request_timeout_s": 180.0}
     path = _report_path(args.out)
     busy = other_cpu_percent()
     print(f"workload: {plan_args['workload'].scaled()}", flush=True)

@@ -4,8 +4,12 @@ the streaming client, and whole runs against a stand-in server subprocess."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 import pytest
 from rich.console import Console
@@ -143,6 +147,7 @@ def test_a_run_interleaves_fresh_servers_and_keeps_every_reply(tmp_path):
     second = next(b for b in sent if len(b["messages"]) == 4)  # system, user, the server's reply, user
     assert second["messages"][2]["role"] == "assistant" and second["messages"][2]["content"].startswith(" w0 w1")
     assert report["ratios"] == {}  # no server named locals
+    assert report["servers"]["a"]["command"][:2] == [Path(sys.executable).name, Path(FAKE).name]  # no machine paths
     assert report["summary"]["a"]["3"]["burst_tps"]["n"] == 2
 
 
@@ -163,6 +168,28 @@ def test_a_server_that_cannot_start_loses_its_round(tmp_path):
         srv.start(spec, tmp_path / "broken.log", timeout_s=30)
     report = run(Plan((spec,), agents=(1,), rounds=1, workload=Workload()), tmp_path, lambda _: None)
     assert "exited (3)" in report["runs"]["broken"][0]["error"] and report["failures"]["broken"]["rounds"] == 1
+
+
+def test_a_server_whose_health_says_failed_is_given_up_at_once(tmp_path):
+    with pytest.raises(LocalsError, match="failed while starting"):
+        srv.start(fake_server("broken", "--broken"), tmp_path / "broken.log", timeout_s=60)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="dying with the parent is Linux's PR_SET_PDEATHSIG")
+def test_no_server_outlives_a_killed_benchmark(tmp_path):
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+              "from pathlib import Path\nfrom locals.traffic import servers as srv\n"
+              f"spec = srv.ServerSpec('a', ({sys.executable!r}, {FAKE!r}, '{{port}}'), '/health')\n"
+              f"print(srv.start(spec, Path({str(tmp_path / 'a.log')!r}), 60).process.pid, flush=True)\n"
+              "import time; time.sleep(60)\n")
+    bench = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    server = psutil.Process(int(bench.stdout.readline()))
+    bench.kill()
+    bench.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and server.is_running() and server.status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.05)
+    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
 
 
 def test_the_time_limit_skips_rounds_that_would_overrun(tmp_path):

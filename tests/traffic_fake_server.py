@@ -1,10 +1,11 @@
 """A stand-in OpenAI chat server run as a subprocess by the traffic benchmark's tests: streams
 `max_tokens` one-word chunks `gap` seconds apart after `ttft` seconds, then usage when asked.
 
-    python tests/traffic_fake_server.py PORT [--ttft S] [--gap S] [--no-usage] [--fail-after N]
+    python tests/traffic_fake_server.py PORT [--ttft S] [--gap S] [--no-usage] [--fail-after N] [--broken]
 
-`--fail-after N` answers 500 from the N+1-th chat request on; every body is appended to
-`--bodies FILE` (one JSON a line) when given.
+`--fail-after N` answers 500 from the N+1-th chat request on; `--broken` answers /health as
+locals does when its engine failed; every body is appended to `--bodies FILE` (one JSON a line)
+when given.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main() -> None:
     parser.add_argument("--no-usage", action="store_true")
     parser.add_argument("--fail-after", type=int, default=None)
     parser.add_argument("--bodies", default=None)
+    parser.add_argument("--broken", action="store_true")
     args = parser.parse_args()
     seen = [0]
 
@@ -57,6 +59,8 @@ def main() -> None:
         return resp
 
     async def health(request: web.Request) -> web.Response:
+        if args.broken:
+            return web.json_response({"status": "failed", "error": "engine thread failed"}, status=503)
         return web.json_response({"status": "ok"})
 
     app = web.Application()

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from locals.cli.common import console, console_err
 from locals.errors import LocalsError
 from locals.traffic import servers as srv
+from locals.traffic.run import portable
 
 SERVER_NAMES = ("locals", "mlx_lm.server", "llama.cpp")
 
@@ -62,24 +63,24 @@ def server_specs(name: str, backend, scratch: Path, wanted: list[str] | None) ->
     kind, target, _ = resolve(name)
     env = _blas_env(backend)
     specs = {"locals": srv.locals_server(name, env)}
-    weights = {"locals": f"{name} ({kind}), as locals loads it on {backend.kind}"}
+    weights = {"locals": f"{portable(name)} ({kind}), as locals loads it on {backend.kind}"}
     peer_env = dict(env)
     if kind == "gguf":
         with console_err.status("exporting the GGUF as an MLX folder for mlx_lm.server…", spinner="dots"):
             peer_model = str(export_mlx(target, scratch / "mlx", dense=backend.dense_weights))
         how = "dense float32" if backend.dense_weights else "quantized as in the file"
-        weights["mlx_lm.server"] = f"{target} exported to MLX ({how})"
+        weights["mlx_lm.server"] = f"{portable(target)} exported to MLX ({how})"
     elif kind == "hf":
         peer_model = fetch_weights(name)
         peer_env["HF_HUB_OFFLINE"] = "1"  # fetched above: the peer must not reach for the network
         weights["mlx_lm.server"] = f"{peer_model} from the Hugging Face cache"
     else:
         peer_model = target
-        weights["mlx_lm.server"] = target
+        weights["mlx_lm.server"] = portable(target)
     specs["mlx_lm.server"] = srv.mlx_lm_server(peer_model, peer_env)
     if kind == "gguf" and srv.llama_cpp_available():
         specs["llama.cpp"] = srv.llama_cpp_server(target, context=0, threads=os.cpu_count() or 1)
-        weights["llama.cpp"] = f"{target} (its own GGUF kernels)"
+        weights["llama.cpp"] = f"{portable(target)} (its own GGUF kernels)"
     if wanted is None:
         return list(specs.values()), weights
     missing = [n for n in wanted if n not in specs]
@@ -105,8 +106,8 @@ def traffic_bench(model: str | None, plan_args: dict, wanted: list[str] | None, 
     with tempfile.TemporaryDirectory(prefix="locals-bench-") as scratch:
         specs, weights = server_specs(name, backend, Path(scratch), wanted)
         plan = Plan(servers=tuple(specs), **plan_args)
-        extra = {"model": name, "backend": backend.kind, "weights": weights, "command": sys.argv[1:],
-                 "machine": machine_info(), "other_cpu_percent_before": busy_before, "logs": str(log_dir)}
+        extra = {"model": portable(name), "backend": backend.kind, "weights": weights, "command": sys.argv[1:],
+                 "machine": machine_info(), "other_cpu_percent_before": busy_before, "logs": log_dir.name}
         columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
         with Progress(*columns, console=console_err, transient=True) as progress:
             task = progress.add_task("starting", total=plan.rounds * len(specs) * len(plan.agents))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -44,7 +45,7 @@ def serve_round(spec: srv.ServerSpec, plan: Plan, round_index: int, nonce: str, 
     """One fresh server through every agent count; a server that fails is recorded, not raised.
     `on_phase` hears a label as each phase starts and None as it ends."""
     log_path = log_dir / f"{spec.name}-round{round_index + 1}.log"
-    record: dict = {"round": round_index, "seed": plan.seed + round_index, "log": str(log_path), "phases": {}}
+    record: dict = {"round": round_index, "seed": plan.seed + round_index, "log": log_path.name, "phases": {}}
     pending = list(plan.agents)
     try:
         running = srv.start(spec, log_path, plan.ready_timeout_s)
@@ -87,7 +88,7 @@ def run(plan: Plan, log_dir: Path, on_phase: Callable[[str | None], None],
     nonce = secrets.token_hex(4)
     runs: dict[str, list[dict]] = {s.name: [] for s in plan.servers}
     report = {"benchmark": "serve_traffic", "when": time.strftime("%Y-%m-%d %H:%M:%S"), "nonce": nonce,
-              "servers": {s.name: {"command": list(s.command), "env": s.env} for s in plan.servers},
+              "servers": {s.name: {"command": [portable(p) for p in s.command], "env": s.env} for s in plan.servers},
               "agents": list(plan.agents), "rounds": plan.rounds, "seed": plan.seed,
               "workload": dataclasses.asdict(plan.workload), "scaled_workload": dataclasses.asdict(
                   plan.workload.scaled()), "runs": runs}
@@ -121,6 +122,11 @@ def finish(report: dict) -> dict:
     report["ratios"] = ratios(report["summary"])
     report["failures"] = failures(report["runs"])
     return report
+
+
+def portable(part: str) -> str:
+    """A path as a report keeps it: its name only (the report travels; the machine's folders do not)."""
+    return Path(part).name if os.path.isabs(part) else part
 
 
 def save(report: dict, path: Path) -> Path:

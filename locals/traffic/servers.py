@@ -11,6 +11,7 @@ completes the cold experience. mlx_lm.server answers its /health before it loads
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -86,6 +87,15 @@ def log_tail(path: Path | None, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def _gave_up(answer: urllib.error.HTTPError) -> bool:
+    """A readiness answer that will not turn into a 200: locals' /health says "failed" (the model
+    or its engine failed), mlx_lm.server's "unavailable" (its generation thread died)."""
+    try:
+        return json.loads(answer.read() or b"{}").get("status") in ("failed", "unavailable")
+    except (ValueError, AttributeError, OSError):
+        return False
+
+
 def start(spec: ServerSpec, log_path: Path, timeout_s: float) -> Running:
     """Start `spec` on a free port, its output to `log_path`, and wait until it is ready."""
     port = free_port()
@@ -94,7 +104,8 @@ def start(spec: ServerSpec, log_path: Path, timeout_s: float) -> Running:
     with open(log_path, "wb") as log:
         zero = time.perf_counter()
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env={**os.environ, **spec.env}, start_new_session=True)
+                                   env={**os.environ, **spec.env},
+                                   preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     running = Running(spec, process, port, zero, log_path=log_path)
     deadline = zero + timeout_s
     while time.perf_counter() < deadline:
@@ -106,6 +117,11 @@ def start(spec: ServerSpec, log_path: Path, timeout_s: float) -> Running:
                 if resp.status == 200:
                     running.ready_s = time.perf_counter() - zero
                     return running
+        except urllib.error.HTTPError as exc:
+            if _gave_up(exc):
+                stop(running)
+                raise LocalsError(f"{spec.name} failed while starting; its log ({log_path}) ends:\n"
+                                  f"{log_tail(log_path)}") from None
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(READY_POLL_S)
@@ -114,18 +130,22 @@ def start(spec: ServerSpec, log_path: Path, timeout_s: float) -> Running:
                       f"{log_tail(log_path)}")
 
 
+def _die_with_parent() -> None:
+    """In the server's process (Linux): SIGTERM when the benchmark dies, even by SIGKILL, so no
+    server outlives it holding the device (PR_SET_PDEATHSIG; kept across exec)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
 def stop(running: Running, grace_s: float = 15.0) -> None:
-    """SIGTERM the server's process group, SIGKILL it if it has not exited after `grace_s`."""
+    """SIGTERM the server, SIGKILL it if it has not exited after `grace_s`."""
     process = running.process
     if process.poll() is not None:
         return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5.0)
