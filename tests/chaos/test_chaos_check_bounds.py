@@ -5,10 +5,12 @@ no process it started is left running.
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 
 import psutil
+import pytest
 
 from agents.command_bounds import BoundedOutput
 from agents.runner import RunOptions, run_team
@@ -49,6 +51,7 @@ async def test_a_check_that_floods_its_output_is_stopped(tmp_path):
     assert "MiB of output" in report.parts[0].detail and took < 60
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="`setsid` is util-linux's")
 async def test_a_check_that_forks_a_daemon_ends_with_it_and_leaves_nothing_running(tmp_path):
     """The check passes (exit 0) but leaves `sleep` holding its output in a session of its own:
     the run goes on LINGER_S later, and the daemon is killed."""
