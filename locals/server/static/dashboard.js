@@ -102,13 +102,13 @@ function showCharts() {
   const s = view.samples;
   const last = s[s.length - 1] || {};
   const points = (key) => s.map((x) => [x.t, x[key]]);
-  const rate = (v) => v >= 1000 ? (v / 1000).toFixed(1) + "k" : v.toFixed(v < 10 && v > 0 ? 1 : 0);
+  const rate = (v) => v >= 1000 ? (v / 1000).toFixed(1) + "k" : v.toFixed(v < 10 && v > 0 || v % 1 ? 1 : 0);
   chart("chart-decode", [{ name: "decode", color: "var(--green)", points: points("decode_tps"), fill: true }],
     rate, last.t ? rate(last.decode_tps) + " tok/s" : "–", 10);
   chart("chart-prefill", [{ name: "prompt", color: "var(--blue)", points: points("prefill_tps"), fill: true }],
     rate, last.t ? rate(last.prefill_tps) + " tok/s" : "–", 10);
   const ttfts = points("ttft_s").filter(([, v]) => v != null);
-  const axisSecs = (v) => v < 1 ? (v * 1000).toFixed(0) + " ms" : +v.toFixed(1) + " s";
+  const axisSecs = (v) => v === 0 ? "0" : v < 1 ? (v * 1000).toFixed(0) + " ms" : +v.toFixed(1) + " s";
   chart("chart-ttft", [{ name: "ttft", color: "var(--orange)", points: ttfts, dots: true }],
     axisSecs, ttfts.length ? secs(ttfts[ttfts.length - 1][1]) : "–", 0.1);
   chart("chart-requests", [
