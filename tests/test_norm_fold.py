@@ -11,7 +11,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
+from locals.engine.forward.forward import CompiledBlocks, RowInput, forward, step_rows
 from locals.engine.forward.fuse import fuse_projections
 from locals.engine.kernels import normfold
 from locals.engine.kernels.reference import quantized_matmul, random_problem
@@ -136,9 +136,11 @@ def test_whole_decode_steps_fold_the_final_norm_into_the_last_down_proj():
     model = _bf16_qwen3()
     fuse_projections(model)
     prompts = [[5, 17, 42, 7, 99, 3], [8, 1, 4]]
+    batches = []
 
     def run() -> list[np.ndarray]:
         batch = DecodeBatch(len(model.model.layers))
+        batches.append(batch)
         kv = [RowKV(len(model.model.layers), batch) for _ in prompts]
         forward(model, [RowInput(mx.array(p, dtype=mx.int32), len(p), c, False) for p, c in zip(prompts, kv)])
         compiled = CompiledBlocks()
@@ -147,7 +149,8 @@ def test_whole_decode_steps_fold_the_final_norm_into_the_last_down_proj():
                 for t in (7, 11, 13)]
 
     before = run()
-    kernel = _fold_every_o_and_down_proj(model, rows=2)
+    # A whole step runs every slot of the batch (forward.step_rows): the kernel is tuned at that count.
+    kernel = _fold_every_o_and_down_proj(model, rows=step_rows(len(prompts), batches[0].rows_cap))
     checks = kernel.folded
     after = run()
     for a, b in zip(after, before):
