@@ -11,15 +11,15 @@
 #   gated       gated_kernel (SwiGLU inside the gate/up kernel against its product + MLX's
 #               activation, rows 2..16), then batch_decode B = 4,8,16 with and without it, 5 rounds
 #   whole       batch_decode B = 1..32 with each decode step one compiled graph against compiled seams
-#               around eager attention (same engine) and mlx-lm, rows all at 64 tokens, then at 64..512
+#               around eager attention (an engine each) and mlx-lm, rows all at 64 tokens, then at 64..512
 #   cachewrite  batch_decode B = 8,1,16,32 with K/V written by the q/k kernel against a scatter a layer
-#               (same engine) and mlx-lm; step_ops of both; one row on the tuned kernel vs MLX's, 2 processes each
+#               (an engine each) and mlx-lm; step_ops of both
 #   decode      batch_decode B = 1..32, locals (tuned) vs locals untuned vs locals with q/k/v and
 #               gate/up apart vs mlx-lm, 3 rounds
 #   ragged      batch_decode B = 8,32 with prompts of 64..256 tokens (rows at different lengths:
 #               attention with a mask, which MLX's CUDA vector kernel does not take)
 #   attention   batch_decode B = 1,8,32, rows at 64..512 tokens then all at 64, with the decode attention
-#               kernel vs MLX's attention (same engine) vs mlx-lm
+#               kernel vs MLX's attention (an engine each) vs mlx-lm
 #   profile     step_profile B = 1,4,8,32 (phases of a decode step); LENGTH_SPREAD=448 puts rows at
 #               64..512 tokens; VARIANTS=locals,seams adds compiled seams (step_profile --variants)
 #   donation    kv_donation: does a K/V write copy the cache while the step before still runs?
@@ -76,10 +76,7 @@ for part in ${parts//,/ }; do
       --batches 8,1,16,32 --tokens 64 --prompt-len 64 --rounds 3 --scatter-baseline
       save
       timeout 200 python3 benchmarks/step_ops.py --random-model "$model" --batches 8,1 --tokens 12 \
-        --variants locals,scatter
-      save
-      timeout "${SPREAD_TIMEOUT:-300}" python3 benchmarks/process_spread.py --random-model "$model" --batches 1,8 \
-      --processes 2 --rounds 3 --tokens 64 --envs "LOCALS_ONE_ROW_MLX=0;LOCALS_ONE_ROW_MLX=1" ;;
+        --variants locals,scatter ;;
     decode) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
       --batches 1,2,4,8,16,32 --tokens 32 --prompt-len 64 --rounds 3 --untuned-baseline --unfused-baseline ;;
     ragged) timeout "${DECODE_TIMEOUT:-240}" python3 benchmarks/batch_decode.py --random-model "$model" \
