@@ -178,12 +178,12 @@ def summarize(samples: list[dict]) -> dict:
             "kv_bytes_per_token": samples[0]["kv_bytes_per_token"]}
 
 
-def grid(scalings: list[str], lengths: list[int]) -> list[tuple[str, int, int]]:
+def grid(scalings: list[str], lengths: list[int], windows: list[int]) -> list[tuple[str, int, int]]:
     """(scaling, window, length) runs: unscaled at every length; each scaling stretched to every
-    length past the trained window, measured at every length up to that window."""
+    window, measured at every length up to that window."""
     runs = [("none", TRAINED, n) for n in lengths]
     for scaling in [s for s in scalings if s != "none"]:
-        for window in [n for n in lengths if n > TRAINED]:
+        for window in windows:
             runs += [(scaling, window, n) for n in lengths if n <= window]
     return runs if "none" in scalings else [r for r in runs if r[0] != "none"]
 
@@ -211,6 +211,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scalings", default="none,linear,ntk,yarn,parts")
     p.add_argument("--lengths", default="2048,8192,16384,24576,32768", help="prompt lengths to measure, in tokens")
+    p.add_argument("--windows", default=None,
+                   help="windows to stretch to (default: every length past the trained window); a stretch is "
+                        "measured at the lengths up to its window, so `--windows 16384 --lengths 2048` is its "
+                        "cost on short prompts alone")
     p.add_argument("--samples", type=int, default=12, help="stretches of text per length")
     p.add_argument("--chunk", type=int, default=2048, help="tokens read per forward pass")
     p.add_argument("--seed", type=int, default=0, help="picks where the samples start, the names and the codes")
@@ -225,7 +229,8 @@ def main() -> None:
     if mx.default_device() == mx.cpu and needs_fast_blas_reexec():
         reexec_with_fast_blas()  # the CPU numbers assume OpenBLAS, as the server runs
     lengths = sorted(int(n) for n in a.lengths.split(","))
-    runs = grid(a.scalings.split(","), lengths)
+    windows = [int(n) for n in a.windows.split(",")] if a.windows else [n for n in lengths if n > TRAINED]
+    runs = grid(a.scalings.split(","), lengths, windows)
     results, path, model_of, text = [], None, None, None
     for scaling, window, length in runs:
         if model_of != (scaling, window):
