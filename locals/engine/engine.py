@@ -33,7 +33,7 @@ from locals.engine.rows.sequence import Sequence
 from locals.engine.settings import EngineConfig
 from locals.engine.cache.shared_prefill import SharedPrefill
 from locals.engine.stats import Counters
-from locals.engine.warmup import ShapeWarmer
+from locals.engine.warmup import WARM_KV_SHARE, ShapeWarmer
 from locals.engine.step import Launched, StepRunner
 from locals.protocol import EngineStats, Event, FinishEvent, FinishReason, GenerationRequest, Usage
 
@@ -128,7 +128,7 @@ class Engine:
         self.counters = Counters()
         # Decode-step shapes compiled ahead (warmup.py); `ready` is set once the first batch of them is.
         self.warmer = (ShapeWarmer(self.model, self.runner, cfg.max_batch, loaded.context_length,
-                                   self.kv_budget // max(self.bytes_per_token, 1))
+                                   self.kv_budget // WARM_KV_SHARE // max(self.bytes_per_token, 1))
                        if cfg.warm_up_s > 0 and self.decode_batch is not None else None)
         self._warmed_by: ShapeWarmer | None = None  # the warmer, once it has compiled every shape
         self.ready = threading.Event()

@@ -23,6 +23,10 @@ from locals.engine.forward.forward import RowInput, forward
 from locals.engine.forward.kv import DecodeBatch, RowKV, row_capacity, token_capacity
 
 log = logging.getLogger(__name__)
+# Shapes compiled ahead hold at most this share of the KV budget (each trace allocates its batch
+# for a moment; the server died of memory on a 24 GB machine compiling 16k positions ahead).
+# Larger batches run uncompiled: their attention dominates a step, not the host's work.
+WARM_KV_SHARE = 8
 
 
 def step_shapes(max_batch: int, max_positions: int, kv_positions: int) -> Iterator[tuple[int, int, int]]:
