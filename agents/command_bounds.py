@@ -18,12 +18,14 @@ from collections import deque
 
 import psutil
 
+from locals import settings
+
 # A check that prints this much is looping, not testing (pytest's most verbose runs of big
 # suites stay in single megabytes); stopping it frees the CPU for the other agents.
 FLOOD_BYTES = 64 << 20
 # After the command itself exits, how long a process it started may keep its output open.
 LINGER_S = 2.0
-TAG_VARIABLE = "LOCALS_COMMAND_TAG"  # set by locals on the commands it runs, read by no one else
+TAG_VARIABLE = settings.COMMAND_TAG.name  # set by locals on the commands it runs, read by no one else
 TAG_SCANS = 5
 
 

@@ -28,6 +28,7 @@ class Setting(Generic[T]):
     default: T | None
     meaning: str
     shown_default: str = ""  # how the docs table states the default, when not the value itself
+    internal: bool = False  # set by locals for a process of its own; not a user's setting, not passed on
 
     def get(self) -> T | None:
         """The value now: the environment's, parsed as `kind`, else the default.
@@ -79,12 +80,15 @@ MAX_TOKENS = Setting("LOCALS_MAX_TOKENS", int, None,
                      "(`locals start` passes it on)", "unset")
 NO_OPENBLAS = Setting("LOCALS_NO_OPENBLAS", bool, False,
                       "on Linux, do not restart with Debian's OpenBLAS preloaded", "unset")
-# Set by locals itself in the process it re-executes with OpenBLAS preloaded; not for users.
-BLAS_REEXEC = Setting("LOCALS_BLAS_REEXEC", bool, False, "set by locals when it restarts with OpenBLAS; do not set it",
-                      "unset")
+# Set by locals itself in the process it re-executes with OpenBLAS preloaded.
+BLAS_REEXEC = Setting("LOCALS_BLAS_REEXEC", bool, False, "set by locals when it restarts with OpenBLAS",
+                      internal=True)
+# Set by the team runner on the commands its agents and --check run, to find their processes.
+COMMAND_TAG = Setting("LOCALS_COMMAND_TAG", str, None, "marks the processes of a command the runner started",
+                      internal=True)
 
 ALL: tuple[Setting, ...] = (HOME, KV_BUDGET_MB, PREFIX_CACHE_MB, MAX_BATCH, SPECULATE, KERNELS, CONSTRAINT_TIMEOUT,
-                            API_KEY, MAX_TOKENS, NO_OPENBLAS, BLAS_REEXEC)
+                            API_KEY, MAX_TOKENS, NO_OPENBLAS, BLAS_REEXEC, COMMAND_TAG)
 
 # Other programs' variables a background server needs as the user's shell has them (a launchd
 # or systemd unit does not inherit the caller's environment).
@@ -99,8 +103,8 @@ def foreign(name: str, default: str | None = None) -> str | None:
 
 def passed_to_daemon() -> dict[str, str]:
     """The variables `locals start` hands to the server it starts: every LOCALS_* setting
-    that is set (except the re-exec marker), and the foreign ones the server reads."""
-    names = [s.name for s in ALL if s is not BLAS_REEXEC] + list(FOREIGN_PASSED)
+    that is set (not locals' own process markers), and the foreign ones the server reads."""
+    names = [s.name for s in ALL if not s.internal] + list(FOREIGN_PASSED)
     return {name: os.environ[name] for name in names if name in os.environ}
 
 
@@ -108,7 +112,7 @@ def markdown_table() -> str:
     """The table of locals' own variables in docs/how-it-works.md (a test keeps them equal)."""
     lines = ["| Variable | Default | Effect |", "|---|---|---|"]
     for s in ALL:
-        if s is BLAS_REEXEC:
+        if s.internal:
             continue
         default = s.shown_default or f"`{s.default}`"
         lines.append(f"| `{s.name}` | {default} | {s.meaning} |")

@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CODE = [p for d in ("locals", "agents", "integrations") for p in (ROOT / d).rglob("*.py")]
 # Besides the settings module: places that build the environment of a child process (or of
 # MLX, which reads its kernel cache folder from this process's environment).
-CHILD_ENVIRONMENTS = {"locals/engine/load/backend.py", "locals/daemon.py", "agents/sandbox.py",
-                      "integrations/launcher.py"}
+CHILD_ENVIRONMENTS = {"locals/engine/load/backend.py", "locals/daemon.py", "locals/traffic/servers.py",
+                      "agents/sandbox.py", "integrations/launcher.py"}
 
 
 def test_every_locals_variable_in_the_code_is_declared():
