@@ -78,7 +78,7 @@ class Result:
         if isinstance(self.data.get("command"), list):  # a served-traffic report: its argv, so named
             return " ".join([script, *map(shlex.quote, _without_output(self.data["command"]))]).strip()
         if "argv" in self.data:
-            return " ".join([script, *map(shlex.quote, self.data["argv"])]).strip()
+            return " ".join([script, *map(shlex.quote, _without_output(self.data["argv"]))]).strip()
         if isinstance(self.data.get("args"), dict):
             return " ".join([script, *_flags(self.data["args"])])
         recorded = {k: self.data[k] for k in RECORDED_FLAGS.get(self.benchmark, ()) if k in self.data}
@@ -98,6 +98,8 @@ def _without_output(argv: list[str]) -> list[str]:
             skip = False
         elif token in OUTPUT_FLAGS:
             skip = True
+        elif token.startswith("/"):  # a file on the measuring machine: its name says what it was
+            out.append(token.rsplit("/", 1)[-1])
         elif not token.startswith(tuple(f"{flag}=" for flag in OUTPUT_FLAGS)):
             out.append(token)
     return out
