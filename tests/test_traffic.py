@@ -170,6 +170,13 @@ def test_a_server_that_cannot_start_loses_its_round(tmp_path):
     assert "exited (3)" in report["runs"]["broken"][0]["error"] and report["failures"]["broken"]["rounds"] == 1
 
 
+def test_a_server_whose_preloaded_blas_is_gone_does_not_start(tmp_path):
+    spec = srv.ServerSpec("a", (sys.executable, FAKE, "{port}"), "/health",
+                          {"LD_PRELOAD": str(tmp_path / "libblas.so.3")})
+    with pytest.raises(LocalsError, match="libblas.so.3 is gone"):
+        srv.start(spec, tmp_path / "a.log", timeout_s=60)
+
+
 def test_a_server_whose_health_says_failed_is_given_up_at_once(tmp_path):
     with pytest.raises(LocalsError, match="failed while starting"):
         srv.start(fake_server("broken", "--broken"), tmp_path / "broken.log", timeout_s=60)

@@ -98,6 +98,10 @@ def _gave_up(answer: urllib.error.HTTPError) -> bool:
 
 def start(spec: ServerSpec, log_path: Path, timeout_s: float) -> Running:
     """Start `spec` on a free port, its output to `log_path`, and wait until it is ready."""
+    missing = [lib for lib in spec.env.get("LD_PRELOAD", "").split(":") if lib and not os.path.exists(lib)]
+    if missing:  # the loader would skip it with a warning: this round would time another BLAS
+        raise LocalsError(f"{spec.name}: {', '.join(missing)} is gone (was it uninstalled?); reinstall it "
+                          "(`apt-get install libopenblas0-pthread`) or run the benchmark again")
     port = free_port()
     command = [part.replace("{port}", str(port)) for part in spec.command]
     log_path.parent.mkdir(parents=True, exist_ok=True)
