@@ -3,9 +3,11 @@ round (`--crash-rounds`, 30 by default), at a random moment while it writes a pr
 file (a conversation with a long system prompt, sent a second time, goes to disk) or a
 compiled automaton (a new JSON schema), then started again on the same home.
 
-Every restart must come up; no cache file may fail its reader's check (a kill leaves at
-most a temp file, which the next start discards); and greedy replies after each restart,
-and to every round's conversation at the end, must be the same tokens a server that never
+The kill comes either a few milliseconds after the write's temp file appears (it cuts the
+write) or just after the finished file does (the next start loads it). Every restart must
+come up; no cache file may fail its reader's check (a kill leaves at most a temp file,
+which the next start discards); and greedy replies after each restart, and at the end to
+every round whose file was left whole, must be the same tokens a server that never
 crashed gives. The tuning table is written only on GPUs, so its writer is killed on its
 own in test_chaos_writers.py.
 """
@@ -49,21 +51,29 @@ def reply_text(daemon: Daemon, body: dict) -> str:
     return daemon.post_json("/v1/chat/completions", body)["choices"][0]["message"]["content"]
 
 
-def kill_during_write(daemon: Daemon, folder: Path, body: dict, rng: random.Random) -> bool:
+def kill_around_write(daemon: Daemon, folder: Path, body: dict, rng: random.Random,
+                      after: bool) -> str:
     """Send `body` and `kill -9` the daemon a random moment after a new temp file shows up in
-    `folder` (or at a random moment of the request when none does); whether the kill left a
-    temp file of its own, that is, cut a write in the middle."""
-    before = set(folder.rglob("*.tmp"))
+    `folder` or, when `after`, just after a new finished file does; what the kill hit:
+    "cut" (it left a temp file of its own), "after" (a new file whole) or "other"."""
+    done_before, temp_before = _files(folder), set(folder.rglob("*.tmp"))
     request = threading.Thread(target=_send_ignoring_the_kill, args=(daemon, body), daemon=True)
     request.start()
-    seen, deadline = False, time.monotonic() + 120
-    while not seen and request.is_alive() and time.monotonic() < deadline:
-        seen = bool(set(folder.rglob("*.tmp")) - before)
+    deadline = time.monotonic() + 300
+    while request.is_alive() and time.monotonic() < deadline:
+        if (_files(folder) - done_before) if after else (set(folder.rglob("*.tmp")) - temp_before):
+            break
         time.sleep(0.001)
-    time.sleep(rng.uniform(0, 0.03 if seen else 0.3))
+    time.sleep(rng.uniform(0, 0.2 if after else 0.03))
     daemon.kill9()
     request.join(timeout=60)
-    return bool(set(folder.rglob("*.tmp")) - before)
+    if set(folder.rglob("*.tmp")) - temp_before:
+        return "cut"
+    return "after" if _files(folder) - done_before else "other"
+
+
+def _files(folder: Path) -> set[Path]:
+    return {p for p in folder.rglob("*") if p.suffix in (".kv", ".index")}
 
 
 def _send_ignoring_the_kill(daemon: Daemon, body: dict) -> None:
@@ -106,32 +116,39 @@ def test_kill_9_while_writing_caches_loses_nothing(tmp_path, request):
     rng = random.Random(36)
     expected = reference_replies(tmp_path / "reference", rounds)
     daemon = Daemon(tmp_path / "crashing")
-    tally = {"restarts": 0, "cut_writes": 0, "files_checked": 0, "mismatches": []}
+    tally = {"restarts": 0, "cut": 0, "after": 0, "other": 0, "files_checked": 0, "mismatches": []}
+    written = []  # rounds whose file the kill left whole
     try:
         daemon.start()
         for round_no in range(rounds):
             if round_no:  # the conversation the last kill interrupted, after the restart
-                got = reply_text(daemon, conversation(round_no - 1))
-                if got != expected[round_no - 1]:
-                    tally["mismatches"].append((round_no - 1, got, expected[round_no - 1]))
+                _expect(daemon, round_no - 1, expected, tally)
             body = conversation(round_no)
             if writes_automaton(round_no):
                 folder = daemon.home / "cache" / "constraint"
             else:
                 folder = daemon.home / "cache" / "prompts"
                 reply_text(daemon, body)  # read once: kept in memory; the second send writes it
-            tally["cut_writes"] += kill_during_write(daemon, folder, body, rng)
+            hit = kill_around_write(daemon, folder, body, rng, after=rng.random() < 0.4)
+            tally[hit] += 1
+            if hit == "after":
+                written.append(round_no)
             _checked_restart(daemon, tally)
-        for round_no in range(rounds):  # every file left behind, loaded or discarded
-            got = reply_text(daemon, conversation(round_no))
-            if got != expected[round_no]:
-                tally["mismatches"].append((round_no, got, expected[round_no]))
+        for round_no in written:  # the files left whole by earlier kills, loaded after later ones
+            _expect(daemon, round_no, expected, tally)
         disk_hits = daemon.get_json("/v1/locals/status")["engine"]["extra"].get("prefix_disk_hits")
     finally:
         daemon.stop()
-    print(f"\ncrash: {rounds} rounds, {tally['restarts']} restarts came up, {tally['cut_writes']} "
-          f"kills cut a write, {tally['files_checked']} cache files checked, 0 torn, "
-          f"{disk_hits} prefixes loaded from disk in the last life, "
-          f"{len(tally['mismatches'])} replies differing from a server that never crashed")
+    print(f"\ncrash: {rounds} rounds, {tally['restarts']} restarts came up; kills: {tally['cut']} "
+          f"cut a write, {tally['after']} just after one, {tally['other']} elsewhere in the request; "
+          f"{tally['files_checked']} cache files checked, 0 torn; {disk_hits} prefixes loaded from "
+          f"disk in the last life; {len(tally['mismatches'])} replies differing from a server "
+          "that never crashed")
     assert tally["restarts"] == rounds
     assert tally["mismatches"] == []
+
+
+def _expect(daemon: Daemon, round_no: int, expected: list[str], tally: dict) -> None:
+    got = reply_text(daemon, conversation(round_no))
+    if got != expected[round_no]:
+        tally["mismatches"].append((round_no, got, expected[round_no]))

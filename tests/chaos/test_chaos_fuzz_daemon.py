@@ -7,6 +7,8 @@ valid bodies among them cost a CPU little.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -55,7 +57,17 @@ def test_five_thousand_fuzzed_bodies_against_a_daemon(daemons, tmp_path):
     finally:
         driver.close()
     print(f"\nfuzzed daemon: {driver.tally.summary()}")
-    engine = daemon.get_json("/v1/locals/status")["engine"]
     assert driver.tally.sent >= 5000
     assert driver.tally.problems == [], "\n".join(driver.tally.problems[:20])
-    assert (engine["running"], engine["waiting"], engine["prefilling"]) == (0, 0, 0)
+    assert _engine_goes_idle(daemon), "requests were left running or queued"
+
+
+def _engine_goes_idle(daemon, within_s: float = 30) -> bool:
+    """The last reply is out before its row leaves the batch: give the engine a moment."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        engine = daemon.get_json("/v1/locals/status")["engine"]
+        if engine["running"] + engine["waiting"] + engine["prefilling"] == 0:
+            return True
+        time.sleep(0.5)
+    return False
