@@ -180,7 +180,7 @@ def test_dashboard_under_load_and_during_a_team_run(locals_server, tmp_path):
     url = locals_server.url + "/"
     dom = render_until(url, tmp_path, lambda d: field(d, "status") == "ready")
     assert 'id="chart-decode"' in dom and "<line" in dom  # the axes are drawn before any traffic
-    screenshot(url, tmp_path, "idle.png", 1150)
+    screenshot(url, tmp_path, "idle.png", 940)
 
     with Traffic(locals_server) as traffic:
         deadline = time.monotonic() + 240
@@ -188,7 +188,7 @@ def test_dashboard_under_load_and_during_a_team_run(locals_server, tmp_path):
             time.sleep(1)
         dom = render_until(url + "?window=60", tmp_path,
                            lambda d: len(chart_points(d, "chart-decode", "decode")) >= 10)
-        screenshot(url + "?window=60", tmp_path, "load.png", 1500)
+        screenshot(url + "?window=60", tmp_path, "load.png", 1420)
     assert not traffic.errors, traffic.errors
     decode = chart_points(dom, "chart-decode", "decode")
     assert len(decode) >= 10 and len({y for _, y in decode}) > 1  # a line that moves, from the history

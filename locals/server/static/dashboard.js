@@ -146,11 +146,11 @@ function showConversations(data) {
 // Patches short enough are shown open; a reader's own opening or closing survives the next poll.
 function patchView(patch, key) {
   const pre = el("pre");
-  for (const line of patch.replace(/\n$/, "").split("\n")) {
+  patch.replace(/\n$/, "").split("\n").forEach((line, i) => {
     const kind = line.startsWith("@@") ? "hunk" : line.startsWith("+") && !line.startsWith("+++") ? "add"
       : line.startsWith("-") && !line.startsWith("---") ? "del" : null;
-    pre.append(el("span", { class: kind }, line + "\n"));
-  }
+    pre.append(...(i ? ["\n"] : []), el("span", { class: kind }, line));
+  });
   const added = patch.split("\n").filter((l) => l.startsWith("+") && !l.startsWith("+++")).length;
   const removed = patch.split("\n").filter((l) => l.startsWith("-") && !l.startsWith("---")).length;
   const open = view.patchOpen.has(key) ? view.patchOpen.get(key) : added + removed <= 30;
