@@ -21,6 +21,7 @@ import mlx.core as mx
 
 from locals.engine.forward.forward import RowInput, forward
 from locals.engine.forward.kv import DecodeBatch, RowKV, row_capacity, token_capacity
+from locals.engine.load.backend import release_memory
 
 log = logging.getLogger(__name__)
 # Shapes compiled ahead hold at most this share of the KV budget (each trace allocates its batch
@@ -70,6 +71,9 @@ class ShapeWarmer:
                 trace(*shape)
             finally:
                 self.runner.compiled.on_demand = False
+                # The placeholder batch is garbage now: give its memory back, or MLX's buffer
+                # cache keeps a batch of every size traced (an idle server grew to 17 GB).
+                release_memory()
             took = time.perf_counter() - began
             self.traced, self.seconds = self.traced + 1, self.seconds + took
             log.debug("compiled %s %s in %.2f s", trace.__name__.removeprefix("_trace_"), shape, took)
