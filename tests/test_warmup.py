@@ -17,7 +17,7 @@ from locals.protocol import GenerationRequest, SamplingParams
 
 @pytest.mark.parametrize("max_batch", [1, 4, 5, 12, 64])
 def test_the_shapes_cover_every_batch_a_step_can_meet(max_batch):
-    shapes = set(step_shapes(max_batch, 4096, 10**9))
+    shapes = set(step_shapes(max_batch, 4096, 10**12))
     for members in range(1, max_batch + 1):
         # Slots grow to row_capacity(rows) (never past max_batch's) and shrink while a quarter or less are used.
         reachable = [s for s in (4, 8, 16, 32, 64, 128) if row_capacity(members) <= s <= row_capacity(max_batch)
@@ -27,8 +27,10 @@ def test_the_shapes_cover_every_batch_a_step_can_meet(max_batch):
                 assert (step_rows(members, slots), slots, token_capacity(positions)) in shapes
 
 
-def test_kv_budget_bounds_the_shapes():
-    assert all(slots * t_cap <= 8 * 1024 for _rows, slots, t_cap in step_shapes(64, 40960, 8 * 1024))
+def test_kv_budget_bounds_each_shape_and_small_batches_come_first():
+    shapes = step_shapes(64, 40960, 64 * 1024)
+    assert shapes and all(slots * t_cap <= 64 * 1024 for _rows, slots, t_cap in shapes)
+    assert shapes[0] == (1, 4, 256) and [s * t for _r, s, t in shapes] == sorted(s * t for _r, s, t in shapes)
 
 
 def test_after_compiling_ahead_requests_run_no_pass_uncompiled(tiny_llama):

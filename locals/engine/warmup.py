@@ -24,25 +24,24 @@ from locals.engine.forward.kv import DecodeBatch, RowKV, row_capacity, token_cap
 from locals.engine.load.backend import release_memory
 
 log = logging.getLogger(__name__)
-# Shapes compiled ahead hold at most this share of the KV budget (each trace allocates its batch
-# for a moment; the server died of memory on a 24 GB machine compiling 16k positions ahead).
-# Larger batches run uncompiled: their attention dominates a step, not the host's work.
+# A shape compiled ahead allocates its batch for a moment: at most this share of the KV budget
+# (the whole context ahead exhausted a 24 GB machine). Larger batches run uncompiled: their
+# attention dominates a step, not the host's work.
 WARM_KV_SHARE = 8
 
 
-def step_shapes(max_batch: int, max_positions: int, kv_positions: int) -> Iterator[tuple[int, int, int]]:
-    """(rows, slots, capacity) of whole decode steps, likeliest first: one row alone in 4 slots,
-    or as many rows as slots (forward.py's `step_rows`; slots are powers of two from 4, kv.py);
-    capacities from the smallest up to `max_positions` (the model's context), batches within
-    `kv_positions` (the KV budget, in tokens)."""
+def step_shapes(max_batch: int, max_positions: int, kv_positions: int) -> list[tuple[int, int, int]]:
+    """(rows, slots, capacity) of whole decode steps, smallest batch first (the likeliest): one
+    row alone in 4 slots, or as many rows as slots (forward.py's `step_rows`; slots are powers
+    of two from 4, kv.py), capacities up to `max_positions` (the model's context), batches of
+    at most `kv_positions`."""
     capacities = [token_capacity(1)]
     while capacities[-1] < max_positions:
         capacities.append(token_capacity(capacities[-1] + 1))
     slots = sorted({row_capacity(n) for n in range(1, max_batch + 1)})
-    for t_cap in capacities:
-        for rows, n_slots in [(1, 4)] + [(n, n) for n in slots]:
-            if n_slots * t_cap <= kv_positions:
-                yield rows, n_slots, t_cap
+    shapes = [(rows, n_slots, t_cap) for t_cap in capacities
+              for rows, n_slots in [(1, 4)] + [(n, n) for n in slots] if n_slots * t_cap <= kv_positions]
+    return sorted(shapes, key=lambda s: (s[1] * s[2], s[0]))
 
 
 class ShapeWarmer:
@@ -54,7 +53,7 @@ class ShapeWarmer:
     def __init__(self, model, runner, max_batch: int, max_positions: int, kv_positions: int):
         self.model, self.runner = model, runner
         runner.compiled.on_demand = False
-        steps = step_shapes(max_batch, max_positions, kv_positions)
+        steps = iter(step_shapes(max_batch, max_positions, kv_positions))
         lengths = [1 << i for i in range(runner.choices.compile_max_tokens.bit_length())]  # forward._pad_short_pass
         self._todo = _interleave(((self._trace_step, s) for s in steps),
                                  ((self._trace_seams, (n,)) for n in lengths))
@@ -94,6 +93,8 @@ class ShapeWarmer:
             row.slot, row.length, row.layers = slot, 2, None
             batch.members.append(row)
         self._run([RowInput(mx.zeros((1,), mx.int32), 1, row, True) for row in batch.members])
+        batch.members.clear()  # rows and batch refer to each other: free the arrays now, not at a GC
+        batch.kv.clear()
 
     def _trace_seams(self, length: int) -> None:
         """A pass of `length` tokens (a prompt's last chunk, drafts, forced tokens) through the seams."""
