@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from locals import settings
 from locals.cli.common import console, console_err
 from locals.errors import LocalsError
 from locals.traffic import servers as srv
@@ -50,9 +51,10 @@ def _blas_env(backend) -> dict[str, str]:
     from locals.engine.load.backend import find_openblas
 
     lib = find_openblas() if backend.kind == "cpu" and sys.platform == "linux" else None
-    if lib is None or "openblas" in os.environ.get("LD_PRELOAD", ""):
+    preload = settings.foreign("LD_PRELOAD", "")
+    if lib is None or "openblas" in preload:
         return {}
-    return {"LD_PRELOAD": ":".join(p for p in (lib, os.environ.get("LD_PRELOAD", "")) if p)}
+    return {"LD_PRELOAD": ":".join(p for p in (lib, preload) if p)}
 
 
 def server_specs(name: str, backend, scratch: Path, wanted: list[str] | None) -> tuple[list, dict]:

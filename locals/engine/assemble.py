@@ -21,10 +21,11 @@ from locals.engine.cache.tiered_cache import TieredPrefixCache
 log = logging.getLogger(__name__)
 
 DISK_CACHE_BYTES = 4 * 1024**3
-# Seconds of decode-step compiles before the server says ready (the rest follow while idle):
-# a first request then meets compiled shapes, and a cold start stays within seconds of
-# mlx_lm.server's (docs/benchmarks.md, "Served traffic").
-WARM_UP_S = 8.0
+# Seconds of decode-step compiles before the server says ready (the rest follow while idle, and
+# a shape not compiled yet runs uncompiled): the smallest batches are ready for a first request,
+# and a cold start pays seconds, not the 9 s that 8 s of compiles cost on a 2-core CPU
+# (docs/benchmarks.md, "Served traffic").
+WARM_UP_S = 4.0
 
 
 def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: bool = True,
