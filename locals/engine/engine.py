@@ -33,7 +33,7 @@ from locals.engine.rows.sequence import Sequence
 from locals.engine.settings import EngineConfig
 from locals.engine.cache.shared_prefill import SharedPrefill
 from locals.engine.stats import Counters
-from locals.engine.warmup import WARM_KV_SHARE, ShapeWarmer
+from locals.engine.warmup import WARM_KV_SHARE, ShapeWarmer, compile_stats
 from locals.engine.step import Launched, StepRunner
 from locals.protocol import EngineStats, Event, FinishEvent, FinishReason, GenerationRequest, Usage
 
@@ -130,7 +130,6 @@ class Engine:
         self.warmer = (ShapeWarmer(self.model, self.runner, cfg.max_batch, loaded.context_length,
                                    self.kv_budget // WARM_KV_SHARE // max(self.bytes_per_token, 1))
                        if cfg.warm_up_s > 0 and self.decode_batch is not None else None)
-        self._warmed_by: ShapeWarmer | None = None  # the warmer, once it has compiled every shape
         self.ready = threading.Event()
         self._inbox: queue.Queue[Message] = queue.Queue()
         self._waiting: deque[tuple[GenerationRequest, Sink, float]] = deque()
@@ -249,7 +248,7 @@ class Engine:
             weights_bytes=int(getattr(self.loaded, "weights_bytes", 0) or 0),
             steps=c.steps,
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
-                   "untuned_pairs": self.untuned_pairs, **self._compile_stats(),
+                   "untuned_pairs": self.untuned_pairs, **compile_stats(self.warmer, self.runner.compiled),
                    "generating_tokens": sum(len(s.generated) for s in active),  # not in the total yet
                    "fused_kernel_layers": self.fused_kernel_layers, "folded_in_matmuls": self._folded_in_matmuls(),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
@@ -274,7 +273,9 @@ class Engine:
     def _loop(self) -> None:
         # MLX streams belong to the thread that creates them: make ours here.
         with mx.stream(mx.new_stream(mx.default_device())):
-            self._warm_up()
+            if self.warmer is not None:
+                self.warmer.warm(self.config.warm_up_s, stop=self._stopping.is_set)
+            self.ready.set()
             launched: Launched | None = None
             busy = False
             while not self._stopping.is_set():
@@ -284,12 +285,13 @@ class Engine:
                     # returns to its idle size between bursts of agents.
                     release_memory()
                 busy = not idle
-                if idle and self.warmer is not None and self._inbox.empty():
-                    self._warm_one()
+                warming = self.warmer is not None and not self.warmer.done
+                if idle and warming and self._inbox.empty():
+                    self.warmer.warm(0.0)  # one shape: a request arriving now waits for one trace at most
                 # A bounded slice of the prompt cache's copy to host for disk (never a whole
                 # prefix in one go: every running stream would stall on it).
                 copying = self._pump is not None and self._pump(idle)
-                self._drain(block=idle and not copying and self.warmer is None)
+                self._drain(block=idle and not copying and not warming)
                 self._admit()
                 waits = launched is not None
                 masks, drafts = waits and self._sync_for_masks(), waits and self._sync_for_drafts()
@@ -319,34 +321,6 @@ class Engine:
             # Compiled graphs were traced on this thread's stream: free them on it.
             self.runner.compiled = CompiledBlocks()
             gc.collect()
-
-    def _compile_stats(self) -> dict:
-        """Shapes compiled ahead so far, whether more are coming, and passes that ran uncompiled
-        because theirs was not yet (0 once warm: what the served-traffic test checks)."""
-        warmer = self.warmer or self._warmed_by
-        return {"compiled_shapes": warmer.traced if warmer else 0,
-                "compile_seconds": round(warmer.seconds, 2) if warmer else 0.0,
-                "compiling_ahead": self.warmer is not None,
-                "uncompiled_passes": self.runner.compiled.uncompiled_passes}
-
-    def _warm_up(self) -> None:
-        """Compile the likeliest decode-step shapes before taking requests, then say ready."""
-        if self.warmer is not None:
-            if not self.warmer.warm(self.config.warm_up_s, stop=self._stopping.is_set):
-                self._warmed()
-            else:
-                log.info("compiled %d decode-step shapes in %.1f s before taking requests; the rest "
-                         "compile while idle", self.warmer.traced, self.warmer.seconds)
-        self.ready.set()
-
-    def _warm_one(self) -> None:
-        """One more shape while no request is around (a request waits for one compile at most)."""
-        if not self.warmer.warm(0.0):
-            self._warmed()
-
-    def _warmed(self) -> None:
-        log.info("compiled every decode-step shape: %d in %.1f s", self.warmer.traced, self.warmer.seconds)
-        self.warmer, self._warmed_by = None, self.warmer
 
     def _sync_for_masks(self) -> bool:
         """Whether a constrained row needs the token in flight before its next mask exists."""
