@@ -52,11 +52,12 @@ def app_server():
 
 @pytest.fixture
 def daemons():
-    """Start daemons with `daemons(home, *args)`; every one still running is stopped at the end."""
+    """Start daemons with `daemons(home, *args, settings={...})`; every one still running is
+    stopped at the end."""
     started: list[Daemon] = []
 
-    def start(home: Path, *args: str) -> Daemon:
-        daemon = Daemon(home, args=args)
+    def start(home: Path, *args: str, settings: dict[str, str] | None = None) -> Daemon:
+        daemon = Daemon(home, args=args, settings=settings or {})
         started.append(daemon)
         return daemon.start()
 

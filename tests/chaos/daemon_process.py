@@ -32,6 +32,7 @@ class Daemon:
     home: Path
     port: int = field(default_factory=free_port)
     args: tuple[str, ...] = ()
+    settings: dict[str, str] = field(default_factory=dict)  # LOCALS_* settings for the server
     proc: subprocess.Popen | None = None
 
     @property
@@ -43,7 +44,8 @@ class Daemon:
         return self.home / "serve.log"
 
     def start(self) -> "Daemon":
-        env = {**os.environ, "LOCALS_HOME": str(self.home), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1"}
+        env = {**os.environ, **self.settings, "LOCALS_HOME": str(self.home), "HF_HUB_OFFLINE": "1",
+               "NO_COLOR": "1"}
         self.home.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
