@@ -37,7 +37,7 @@ def test_committed_docs_are_what_the_results_give():
 
 def test_page_is_a_short_reference():
     page = (REPO / "docs" / "benchmarks.md").read_text()
-    assert len(page.splitlines()) < 300
+    assert len(page.splitlines()) <= 300
     assert "set of runs" not in page and "benchmarks-log.md" in page
 
 
