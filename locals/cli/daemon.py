@@ -146,13 +146,13 @@ def status(
 
 def kernels_line(extra: dict) -> str | None:
     """What the tuned and fused kernels are doing, or None where there is nothing to say (CPU)."""
-    tuned, left = int(extra.get("tuned_layers") or 0), int(extra.get("tuning_left") or 0)
+    tuned, left = int(extra.get("tuned_layers") or 0), int(extra.get("untuned_pairs") or 0)
     fused = {k: int(v) for k, v in (extra.get("fused_kernel_layers") or {}).items() if v}
     if not tuned and not left and not fused:
         return None
     line = f"{tuned} layers use tuned kernels"
     if left:
-        line += f"; tuning while idle, {left} layer shape x row count pairs left"
+        line += f"; {left} layer shape x row count pairs untuned (run `locals tune`)"
     names = {"heads": "q/k norm + RoPE", "norms": "add + norm", "attention": "decode attention"}
     if fused:
         line += "; fused " + ", ".join(f"{names.get(k, k)} in {n} layers" for k, n in fused.items())
