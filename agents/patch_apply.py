@@ -82,7 +82,7 @@ def recover(repo: git.Repo) -> int:
         try:
             journal = json.loads((stage / "journal.json").read_text())
         except (OSError, ValueError):
-            shutil.rmtree(stage, ignore_errors=True)  # killed before its commit point: nothing was touched
+            _drop(stage)  # killed before its commit point: nothing was touched
         else:
             _finish(project, stage, journal)
         count += 1
@@ -101,6 +101,10 @@ def _finish(project: Path, stage: Path, journal: dict) -> None:
         if os.path.lexists(target):
             target.unlink()
         _remove_empty_folders(target.parent, project)
+    _drop(stage)
+
+
+def _drop(stage: Path) -> None:
     shutil.rmtree(stage, ignore_errors=True)
     with contextlib.suppress(OSError):
         stage.parent.rmdir()  # the last apply leaves no folder in the git directory
