@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -21,15 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from locals.traffic.servers import free_port
 
 MODEL = "smollm2"
 START_TIMEOUT_S = 600
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
