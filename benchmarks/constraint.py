@@ -202,7 +202,7 @@ PARSE_TOOLS = [fn("read_file", {"path": S}, ["path"]), fn("list_files", {"path":
                fn("search", {"pattern": S, "path": S}, ["pattern"])]
 PARSE_ASKS = ("Read README.md.", "List the files in src.", "Run the test suite.", "Find where parse_date is defined.",
               "Show me the contents of setup.py.", "What files are in the docs folder?",
-              "Run python -m pytest -q tests/test_cli.py.", "Search the project for TODO comments.")
+              "Run python -m pytest -q tests/repo/test_cli.py.", "Search the project for TODO comments.")
 PARSE_SAMPLES = 2  # replies per ask and mode, each its own seed
 PARSE_SAMPLING = {"temperature": 0.7, "max_tokens": 128}
 

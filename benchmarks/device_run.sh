@@ -31,7 +31,7 @@
 #   spread      process_spread: B = 8 and 32 in four fresh processes (the per-process spread)
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
 #   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
-#   tests       tests/test_kernels_cuda.py in two halves (each kernel configuration against its
+#   tests       tests/kernels/test_kernels_cuda.py in two halves (each kernel configuration against its
 #               reference, then the rest), each under $TESTS_TIMEOUT (280) s, a JUnit report each
 # MODEL: qwen3-4b (default) on a GPU; qwen3-tiny tries the script out on a CPU.
 set -u
@@ -101,7 +101,7 @@ for part in ${parts//,/ }; do
       --engine-tokens 400 --rounds 3 ;;
     tests) mkdir -p benchmarks/results
       for half in "candidate_matches_reference" "not candidate_matches_reference"; do
-        timeout "${TESTS_TIMEOUT:-280}" python3 -m pytest -q tests/test_kernels_cuda.py -k "$half" --durations 10 \
+        timeout "${TESTS_TIMEOUT:-280}" python3 -m pytest -q tests/kernels/test_kernels_cuda.py -k "$half" --durations 10 \
           --junitxml "benchmarks/results/cuda_tests-$(date +%Y%m%d-%H%M%S).xml"
         save
       done ;;

@@ -1,6 +1,6 @@
 """SwiGLU inside the joined gate/up kernel (qmm_mma.py, GATED) against the same kernel's plain
 product followed by MLX's activation, per row count, on the device clock and the host clock
-(CUDA only; no verification here: tests/test_kernels_cuda.py checks the kernel).
+(CUDA only; no verification here: tests/kernels/test_kernels_cuda.py checks the kernel).
 
     python benchmarks/gated_kernel.py --shape 19456x2560 --rows 2,4,8,16 --only cuda-qmma-r16-t128
 """

@@ -12,7 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import MODEL, LocalsServer, free_port
+from locals.traffic.servers import free_port
+
+from e2e.daemon import MODEL, LocalsServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 WARM_TIMEOUT_S = 900

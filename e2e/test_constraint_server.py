@@ -17,7 +17,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.test_constrain_model import CODING_TOOLS, PERSON, S  # the same schemas as the engine-level test
+from tests.helpers.constrain_tools import CODING_TOOLS, PERSON, S  # the same schemas as the engine-level test
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,9 @@ import aiohttp
 import psutil
 import pytest
 
-from conftest import LocalsServer, free_port
+from locals.traffic.servers import free_port
+
+from e2e.daemon import LocalsServer
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import MODEL, LocalsServer, free_port
+from locals.traffic.servers import free_port
+
+from e2e.daemon import MODEL, LocalsServer
 
 pytestmark = pytest.mark.slow
 

@@ -186,9 +186,9 @@ def service_manager() -> str:
     return "process"
 
 
-def _server_command(model: str | None, port: int, host: str) -> list[str]:
+def _server_command(model: str | None, port: int, host: str, overflow: str | None) -> list[str]:
     cmd = [sys.executable, "-m", "locals", "serve", "--port", str(port), "--host", host]
-    return cmd + (["--model", model] if model else [])
+    return cmd + (["--model", model] if model else []) + (["--overflow", overflow] if overflow else [])
 
 
 def _passed_env() -> dict[str, str]:
@@ -306,16 +306,19 @@ def _clear_stale(port: int) -> None:
 
 
 def start(model: str | None = None, port: int | None = None, host: str | None = None, *,
-          timeout: float = START_TIMEOUT_S, on_wait: Callable[[dict | None], None] | None = None) -> str:
-    """Start the server in the background (`model` None: the remembered one) and wait until it
-    serves; returns its base URL. Raises AlreadyRunning, once it serves, if one answered already."""
+          timeout: float = START_TIMEOUT_S, on_wait: Callable[[dict | None], None] | None = None,
+          overflow: str | None = None) -> str:
+    """Start the server in the background (`model` None: the remembered one; `overflow` None: the
+    server's default policy) and wait until it serves; returns its base URL. Raises AlreadyRunning,
+    once it serves, if one answered already."""
     remembered = load_remembered()
     port = port or remembered.port
     with port_lock(port, timeout, on_wait):
-        return _start(model or remembered.model, port, host or remembered.host or DEFAULT_HOST, timeout, on_wait)
+        return _start(model or remembered.model, port, host or remembered.host or DEFAULT_HOST, timeout, on_wait,
+                      overflow)
 
 
-def _start(model: str | None, port: int, host: str, timeout: float, on_wait) -> str:
+def _start(model: str | None, port: int, host: str, timeout: float, on_wait, overflow: str | None) -> str:
     """`start` with the port's lock held."""
     url = base_url(port, host)
     running = health(port, host)
@@ -331,7 +334,7 @@ def _start(model: str | None, port: int, host: str, timeout: float, on_wait) -> 
     record = ServerRecord(port=port, host=host, model=model, mode=service_manager(), log=str(log_path(port)))
     _rotate(Path(record.log))
     log_start = _log_size(port)
-    cmd = _server_command(model, port, host)
+    cmd = _server_command(model, port, host, overflow)
     proc = None
     if record.mode == "systemd":
         _launch_systemd(record, cmd)
@@ -452,7 +455,8 @@ def ensure_running(model: str | None = None, port: int | None = None) -> str:
                 body = None
         if body is None or body.get("status") == "failed":
             try:
-                return _start(model or remembered.model, port, remembered.host or DEFAULT_HOST, START_TIMEOUT_S, None)
+                return _start(model or remembered.model, port, remembered.host or DEFAULT_HOST, START_TIMEOUT_S, None,
+                              None)
             except AlreadyRunning as exc:  # a foreground `locals serve` got there first
                 if model and not same_model(model, exc.model or ""):
                     raise

@@ -78,6 +78,9 @@ API_KEY = Setting("LOCALS_API_KEY", str, None, "the key `locals serve --api-key`
 MAX_TOKENS = Setting("LOCALS_MAX_TOKENS", int, None,
                      "the cap on every reply `locals serve --max-tokens` sets, when the flag is not given "
                      "(`locals start` passes it on)", "unset")
+OVERFLOW = Setting("LOCALS_OVERFLOW", str, "refuse",
+                   "what a conversation longer than the model's context gets: `refuse` (a 400) or `trim` (the oldest "
+                   "tool results dropped); `locals serve --overflow` and `locals start --overflow` set it", "`refuse`")
 NO_OPENBLAS = Setting("LOCALS_NO_OPENBLAS", bool, False,
                       "on Linux, do not restart with Debian's OpenBLAS preloaded", "unset")
 # Set by locals itself in the process it re-executes with OpenBLAS preloaded.
@@ -88,7 +91,7 @@ COMMAND_TAG = Setting("LOCALS_COMMAND_TAG", str, None, "marks the processes of a
                       internal=True)
 
 ALL: tuple[Setting, ...] = (HOME, KV_BUDGET_MB, PREFIX_CACHE_MB, MAX_BATCH, SPECULATE, KERNELS, CONSTRAINT_TIMEOUT,
-                            API_KEY, MAX_TOKENS, NO_OPENBLAS, BLAS_REEXEC, COMMAND_TAG)
+                            API_KEY, MAX_TOKENS, OVERFLOW, NO_OPENBLAS, BLAS_REEXEC, COMMAND_TAG)
 
 # Other programs' variables a background server needs as the user's shell has them (a launchd
 # or systemd unit does not inherit the caller's environment).

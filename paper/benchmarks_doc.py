@@ -6,7 +6,7 @@ runner, the long window and an index of the diagnostics).
     python paper/benchmarks_doc.py --check    # exits 1 when either differs from what the results give
 
 README.md's table sits between `<!-- headline: … -->` and `<!-- end headline -->`; the rest of
-the README is left as it is. tests/test_benchmarks_doc.py fails when the committed files differ
+the README is left as it is. tests/repo/test_benchmarks_doc.py fails when the committed files differ
 from what this renders, so they cannot drift from the results.
 """
 

@@ -23,8 +23,16 @@ def start(
     port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535,
                                        help="Port (default: the last one, else 8321)."),
     timeout: float = typer.Option(daemon.START_TIMEOUT_S, "--timeout", min=1, help="Seconds to wait for the model."),
+    overflow: Optional[str] = typer.Option(
+        None, "--overflow", help="A conversation longer than the model's context: `refuse` it (a 400, the default) "
+                                 "or `trim` it (the oldest tool results dropped, with a marker); see `locals serve`."),
 ) -> None:
     """Start the server in the background and wait until the model is loaded (its log: `locals status --logs`)."""
+    if overflow is not None:
+        from locals.server.overflow import POLICIES
+
+        if overflow not in POLICIES:
+            raise LocalsError(f"--overflow {overflow!r}: use {' or '.join(POLICIES)}")
     phase = {"text": "starting the server…"}
 
     def on_wait(body: dict | None) -> None:
@@ -37,7 +45,7 @@ def start(
     t0 = time.monotonic()
     try:
         with console_err.status(phase["text"], spinner="dots") as spinner:
-            url = daemon.start(model, port, timeout=timeout, on_wait=on_wait)
+            url = daemon.start(model, port, timeout=timeout, on_wait=on_wait, overflow=overflow)
     except daemon.AlreadyRunning as exc:
         from locals.engine.load.catalog import split_thinking, strip_editor_prefix
 
@@ -63,7 +71,7 @@ def serve(
         None, "--max-tokens", envvar=settings.MAX_TOKENS.name, min=1,
         help="Longest reply any request gets, whatever it asks (clients such as Codex send no limit)."),
     overflow: str = typer.Option(
-        "refuse", "--overflow",
+        settings.OVERFLOW.default, "--overflow", envvar=settings.OVERFLOW.name,
         help="A conversation longer than the model's context: `refuse` it (a 400) or `trim` it (the oldest "
              "tool results dropped, with a marker; a request's `truncation` field overrides)."),
     log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING or ERROR."),

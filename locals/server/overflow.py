@@ -70,7 +70,7 @@ def needs_trimming(prompt: int, context: int, max_tokens: int) -> bool:
 def refusal(prompt: int, context: int) -> str:
     return (f"the prompt is {prompt} tokens but the model's context is {context} (overflow policy "
             "`refuse`); shorten the conversation, or let the server drop the oldest tool results: "
-            "start it with `locals serve --overflow trim`, or send `\"truncation\": \"auto\"` with the request")
+            "start it with `locals start --overflow trim`, or send `\"truncation\": \"auto\"` with the request")
 
 
 def unfittable(prompt: int, context: int, kept: int) -> str:

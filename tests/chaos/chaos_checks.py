@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from chaos_bodies import Endpoint
+from tests.chaos.chaos_bodies import Endpoint
+
 
 ANSWER_TIMEOUT_S = 300  # a CPU reading a long prompt beside other requests
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon_process import Daemon
-from server_fakes import ScriptedEngine, make_state
+from tests.chaos.daemon_process import Daemon
+from tests.helpers.server_fakes import ScriptedEngine, make_state
 
 
 @dataclass

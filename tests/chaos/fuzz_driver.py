@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from chaos_bodies import Endpoint
-from chaos_checks import Answer, post, problem_of
+from tests.chaos.chaos_bodies import Endpoint
+from tests.chaos.chaos_checks import Answer, post, problem_of
+
 
 NORMAL_CHAT = {"model": "m", "messages": [{"role": "user", "content": "Say hi."}],
                "max_tokens": 3, "temperature": 0}

@@ -14,9 +14,10 @@ import pytest
 
 from agents.command_bounds import BoundedOutput
 from agents.runner import RunOptions, run_team
-from fake_openai import FakeOpenAI
 from locals.client import ChatClient
-from runner_helpers import TASK, coder, make_project, worktrees
+
+from tests.helpers.fake_openai import FakeOpenAI
+from tests.helpers.runner_project import TASK, coder, make_project, worktrees
 
 
 async def run_with_check(tmp_path, check: str, check_timeout_s: float = 60):

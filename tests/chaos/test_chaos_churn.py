@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from churn_clients import ChurnTally, client
+from tests.chaos.churn_clients import ChurnTally, client
+
 
 CLIENTS = 64
 SETTLE_S = 180  # for requests still queued when clients stop (or pause) to be cancelled or end

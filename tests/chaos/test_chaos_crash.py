@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from cache_files import check_caches
-from daemon_process import Daemon
+from tests.chaos.cache_files import check_caches
+from tests.chaos.daemon_process import Daemon
+
 
 RULES = " ".join(f"Rule {i}: keep function {i} short, name it well, and test it before you commit."
                  for i in range(1, 60))

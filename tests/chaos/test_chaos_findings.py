@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from server_fakes import client, constraints, engine  # noqa: F401 (shared fixtures)
+from tests.chaos.chaos_checks import error_shape_ok
+from tests.helpers.server_fakes import client, constraints, engine  # noqa: F401 (shared fixtures)
 
-from chaos_checks import error_shape_ok
 
 PATHS = [("/v1/chat/completions", "openai"), ("/v1/completions", "openai"),
          ("/v1/responses", "openai"), ("/v1/messages", "anthropic"),

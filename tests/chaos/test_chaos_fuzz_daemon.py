@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chaos_bodies import ENDPOINTS, request_case
-from chaos_checks import post_lying_length
-from fuzz_driver import FuzzDriver
+from tests.chaos.chaos_bodies import ENDPOINTS, request_case
+from tests.chaos.chaos_checks import post_lying_length
+from tests.chaos.fuzz_driver import FuzzDriver
+
 
 BATCH = 8
 BATCHES = 640  # 5,120 bodies

@@ -20,9 +20,10 @@ import pytest
 
 from agents.patch_apply import STAGES, apply_whole, recover
 from agents.runner import RunOptions, run_team
-from fake_openai import FakeOpenAI, call, calls
 from locals.client import ChatClient
-from runner_helpers import CHECK, GOOD_CODE, TASK, TESTS, coder, make_project, one_part_plan, turn, worktrees
+
+from tests.helpers.fake_openai import FakeOpenAI, call, calls
+from tests.helpers.runner_project import CHECK, GOOD_CODE, TASK, TESTS, coder, make_project, one_part_plan, turn, worktrees
 
 KILL_ROUNDS = 8
 GENERATED = 300  # files the winning patch adds, so that its apply takes a while

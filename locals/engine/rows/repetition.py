@@ -4,7 +4,7 @@ A loop is the last `min_span` or more tokens repeating one period of 1..`max_per
 tokens at least `min_repeats` times. For each period p we keep how many tokens in a row
 matched the token p places earlier, so each new token costs O(max_period) integer
 comparisons. The defaults leave real code alone (indentation, closing braces, tables:
-see tests/test_guards.py) and stop degenerate output within a few hundred tokens.
+see tests/engine/test_guards.py) and stop degenerate output within a few hundred tokens.
 """
 
 from __future__ import annotations

@@ -1,0 +1,60 @@
+"""Decode-step shapes compiled ahead (locals/engine/warmup.py): the list covers every shape a
+decode batch can reach, and once an engine has compiled them, requests of many lengths and
+batch sizes run no pass uncompiled; their tokens are those of an engine that compiles on use."""
+
+from __future__ import annotations
+
+import pytest
+
+from locals.engine.engine import Engine
+from locals.engine.forward.forward import step_rows
+from locals.engine.forward.kv import row_capacity, token_capacity
+from locals.engine.settings import EngineConfig
+from locals.engine.warmup import step_shapes
+from locals.protocol import GenerationRequest, SamplingParams
+
+from tests.helpers.engine_runs import Collector, make_prompts, run_alone, wait_for
+
+
+@pytest.mark.parametrize("max_batch", [1, 4, 5, 12, 64])
+def test_the_shapes_cover_every_batch_a_step_can_meet(max_batch):
+    shapes = set(step_shapes(max_batch, 4096, 10**12))
+    for members in range(1, max_batch + 1):
+        # Slots grow to row_capacity(rows) (never past max_batch's) and shrink while a quarter or less are used.
+        reachable = [s for s in (4, 8, 16, 32, 64, 128) if row_capacity(members) <= s <= row_capacity(max_batch)
+                     and (s == 4 or members > s // 4)]
+        for slots in reachable:
+            for positions in (1, 255, 256, 257, 400, 1000, 3000, 4096):
+                assert (step_rows(members, slots), slots, token_capacity(positions)) in shapes
+
+
+def test_kv_budget_bounds_each_shape_and_small_batches_come_first():
+    shapes = step_shapes(64, 40960, 64 * 1024)
+    assert shapes and all(slots * t_cap <= 64 * 1024 for _rows, slots, t_cap in shapes)
+    assert shapes[0] == (1, 4, 256) and [s * t for _r, s, t in shapes] == sorted(s * t for _r, s, t in shapes)
+
+
+def test_after_compiling_ahead_requests_run_no_pass_uncompiled(tiny_llama):
+    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=4, speculate=False, warm_up_s=0.5,
+                                             kv_budget_bytes=64 << 20))
+    plain = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=4, speculate=False,
+                                            kv_budget_bytes=64 << 20))
+    engine.start()
+    plain.start()
+    try:
+        assert engine.ready.wait(120)
+        assert wait_for(lambda: not engine.stats().extra["compiling_ahead"], timeout=600)
+        compiled = engine.stats().extra
+        assert compiled["compiled_shapes"] > 0 and compiled["uncompiled_passes"] == 0
+        prompts = make_prompts(tiny_llama.tokenizer, [3, 17, 40, 90, 130, 250, 300])
+        for batch in (1, 2, 3, 4):
+            c = Collector()
+            ids = [c.submit(engine, GenerationRequest(p, SamplingParams(max_tokens=12, temperature=0)))
+                   for p in prompts[:batch]]
+            c.wait()
+            for rid, prompt in zip(ids, prompts):
+                assert c.tokens(rid) == run_alone(plain, prompt, max_tokens=12, temperature=0)[0]
+        assert engine.stats().extra["uncompiled_passes"] == 0
+    finally:
+        engine.stop()
+        plain.stop()

@@ -1,0 +1,121 @@
+"""`locals bench` as users run it: the served-traffic report (slow: real servers), the
+in-process diagnostic's report with every sample, a refusal on a busy machine, clear errors for
+bad options; and the measuring helpers it shares with benchmarks/."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from locals.engine.bench import all_rows_rate, interleaved, summary, timing
+
+
+def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "locals", *args], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, COLUMNS="200", **env))
+
+
+def test_interleaved_rotates_order_and_keeps_every_sample():
+    calls = []
+    runners = {name: (lambda name=name: calls.append(name) or {"x": len(calls)}) for name in ("a", "b", "c")}
+    out = interleaved(3, runners)
+    assert calls[:3] == ["a", "b", "c"]  # warm-up
+    assert calls[3:] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert [len(v) for v in out.values()] == [3, 3, 3]
+
+
+def test_timing_counts_decode_after_the_last_first_token():
+    t = timing(0.0, firsts=[1.0, 2.0], ends=[4.0, 3.0], n_tokens=5, batch=2)
+    assert t["decode_tps"] == pytest.approx(2 * 4 / 2.0)
+    assert t["ttft_s"] == 2.0 and t["wall_s"] == 4.0
+    assert summary([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+
+
+def test_all_rows_rate_counts_only_the_time_every_row_decodes():
+    # Row a decodes from t=1 to 4, row b (a longer prompt) from 2 to 6, two tokens at t=3.
+    a = [(1.0, 1), (2.0, 1), (3.0, 1), (4.0, 1)]
+    b = [(2.0, 1), (3.0, 2), (5.0, 1), (6.0, 1)]
+    assert all_rows_rate([a, b]) == pytest.approx((2 + 2) / 2.0)  # t in (2, 4]: a's 3, 4 and b's pair at 3
+    t = timing(0.0, firsts=[1.0, 2.0], ends=[4.0, 6.0], n_tokens=4, batch=2, stamps=[a, b])
+    assert t["all_rows_tps"] == pytest.approx(2.0) and t["decode_tps"] == pytest.approx(2 * 3 / 4.0)
+    assert all_rows_rate([[(1.0, 1), (2.0, 1)], [(3.0, 1), (4.0, 1)]]) is None  # never both at once
+
+
+@pytest.mark.model
+def test_bench_engine_writes_a_report_with_every_sample(tmp_path):
+    out = tmp_path / "report.json"
+    proc = run_cli("bench", "--engine", "--model", "smollm2", "--batches", "1,2", "--tokens", "4",
+                   "--prompt-len", "8", "--rounds", "2", "--force", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "locals / mlx-lm" in proc.stdout and str(out) in proc.stdout.replace("\n", "")
+    report = json.loads(out.read_text())
+    assert [row["batch"] for row in report["rows"]] == [1, 2]
+    for row in report["rows"]:
+        for name in ("locals", "mlx-lm"):
+            assert len(row[name]["samples"]) == 2 and row[name]["decode_tps"]["median"] > 0
+    assert report["machine"]["mlx"] and report["model"] == "smollm2"
+
+
+def test_bench_refuses_on_a_busy_machine_unless_forced(monkeypatch):
+    from locals import measure
+    from locals.cli import bench
+    from locals.errors import LocalsError
+
+    monkeypatch.setattr(measure, "other_cpu_percent", lambda interval=1.0: 90.0)
+    with pytest.raises(LocalsError, match="--force"):
+        bench._check_quiet(force=False)
+    assert bench._check_quiet(force=True) == 90.0
+
+
+def test_bench_bad_options_are_one_line_errors():
+    for args, needle in ((("--engine", "--batches", "0,2"), "between 1 and 256"),
+                         (("--engine", "--batches", "x"), "--batches"), (("--engine", "--tokens", "1"), "--tokens"),
+                         (("--agents", "0,8"), "--agents"), (("--servers", "locals,vllm"), "--servers"),
+                         (("--turns", "0"), "--turns")):
+        proc = run_cli("bench", *args)
+        assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+def test_bench_out_may_be_a_folder_and_a_bad_one_fails_before_measuring(tmp_path, locals_home):
+    from locals.cli.bench import _report_path
+    from locals.errors import LocalsError
+
+    inside = _report_path(tmp_path)
+    assert inside.parent == tmp_path and inside.name.startswith("bench-") and inside.suffix == ".json"
+    assert _report_path(tmp_path / "new" / "r.json") == tmp_path / "new" / "r.json"
+    assert (tmp_path / "new").is_dir()
+    assert _report_path(None).parent == locals_home / "state" / "bench"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(LocalsError, match="--out"):
+        _report_path(tmp_path / "file" / "r.json")  # its folder would be a file
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_bench_serves_traffic_to_locals_and_mlx_lm_server(tmp_path):
+    """The default benchmark, briefly: both servers fresh, the embedded model (rounds and their
+    order: tests/measure/test_traffic.py)."""
+    out = tmp_path / "report.json"
+    proc = run_cli("bench", "--model", "smollm2", "--agents", "1,2", "--rounds", "1", "--turns", "1",
+                   "--size-scale", "0.04", "--time-scale", "0.01", "--servers", "locals,mlx_lm.server",
+                   "--force", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "locals / mlx_lm.server" in proc.stdout and "burst tok/s" in proc.stdout
+    report = json.loads(out.read_text())
+    assert list(report["runs"]) == ["locals", "mlx_lm.server"] and report["model"] == "smollm2"
+    for name, rounds in report["runs"].items():
+        assert len(rounds) == 1
+        for record in rounds:
+            assert not record.get("error") and 0 < record["ready_s"] < record["first_token_s"], record
+            for n in ("1", "2"):
+                figures = record["phases"][n]["figures"]
+                assert figures["failed"] == 0 and figures["output_tokens"] > 0, (name, n, figures)
+                assert figures["tokens_counted"] == ["usage"]
+    assert report["ratios"]["mlx_lm.server"]["2"]["burst_tps"] > 0
+    assert "dense float32" in report["weights"]["mlx_lm.server"]
+    assert (tmp_path / "report-logs" / "locals-round1.log").exists()

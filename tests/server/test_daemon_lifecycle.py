@@ -1,0 +1,187 @@
+"""`locals start` / `stop` / `status` against fake servers: a server still loading, a locals
+server locals did not start, another program's JSON, two starts at once, the remembered model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from locals import daemon
+from locals.config import Remembered, save_remembered
+from locals.errors import LocalsError
+
+
+def _fake_server(answer):
+    """An HTTP server on a free port whose GET answers (status, body) = answer(path)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            code, body = answer(self.path)
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def stranger():
+    """A live process that is not a locals server."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_stop_refuses_a_locals_server_it_did_not_start(stranger):
+    server = _fake_server(lambda path: (200, {"status": "ok", "service": "locals", "model": "m",
+                                              "pid": stranger.pid}))
+    try:
+        with pytest.raises(LocalsError, match=f"kill {stranger.pid}"):
+            daemon.stop(server.server_port)
+        assert stranger.poll() is None
+    finally:
+        server.shutdown()
+
+
+def test_status_ignores_another_programs_json():
+    server = _fake_server(lambda path: (404, {"detail": "Not Found"}))
+    try:
+        assert daemon.status(server.server_port) is None
+        assert daemon.health(server.server_port) is None
+    finally:
+        server.shutdown()
+
+
+def test_our_server_is_recognised_by_its_command_and_port():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "locals", "serve",
+                             "--port", "18601"])
+    try:
+        time.sleep(0.3)
+        assert daemon._is_our_server(proc.pid, 18601)
+        assert not daemon._is_our_server(proc.pid, 18602)  # a locals server, but another port's
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_start_while_the_model_loads_waits_until_it_serves():
+    ready_at = time.monotonic() + 1.5
+
+    def answer(path):
+        if time.monotonic() < ready_at:
+            return 503, {"status": "loading", "service": "locals", "model": "smollm2"}
+        return 200, {"status": "ok", "service": "locals", "model": "smollm2"}
+
+    server = _fake_server(answer)
+    try:
+        with pytest.raises(daemon.AlreadyRunning):
+            daemon.start("smollm2", server.server_port, timeout=30)
+        assert time.monotonic() >= ready_at  # "already running" only once it serves
+    finally:
+        server.shutdown()
+
+
+def test_a_second_start_waits_for_the_first(monkeypatch):
+    order, waits = [], []
+    began, release = threading.Event(), threading.Event()
+
+    def slow_start(model, port, *_):
+        order.append(("begin", model))
+        began.set()
+        release.wait(30)
+        order.append(("end", model))
+        return daemon.base_url(port)
+
+    monkeypatch.setattr(daemon, "_start", slow_start)
+    first = threading.Thread(target=daemon.start, args=("a", 18603))
+    second = threading.Thread(target=daemon.start, args=("b", 18603), kwargs={"on_wait": waits.append})
+    try:
+        first.start()
+        assert began.wait(30)
+        second.start()
+        deadline = time.monotonic() + 30
+        while not waits and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert order == [("begin", "a")] and waits[0] == {"status": "starting elsewhere"}
+    finally:
+        release.set()
+        first.join(30)
+        second.join(30)  # before the patch goes: a waiting start must never reach the real one
+    assert order == [("begin", "a"), ("end", "a"), ("begin", "b"), ("end", "b")]
+
+
+def test_a_start_waiting_for_another_gives_up_at_its_timeout():
+    with daemon.port_lock(18606, timeout=5):
+        t0 = time.monotonic()
+        with pytest.raises(LocalsError, match="another `locals start`"):
+            with daemon.port_lock(18606, timeout=0.5):
+                pass
+        assert time.monotonic() - t0 < 5
+
+
+def test_start_without_a_model_takes_the_remembered_one(monkeypatch):
+    asked = []
+    monkeypatch.setattr(daemon, "_start", lambda model, port, *_: asked.append(model) or "http://x")
+    save_remembered(Remembered(model="smollm2", port=18604))
+    daemon.start(None, 18604)
+    assert asked == ["smollm2"]
+
+
+def test_a_failed_start_shows_only_its_own_log_lines():
+    log = daemon.log_path(18605)
+    log.write_text("old line from yesterday\n")
+    size = log.stat().st_size
+    with open(log, "a") as out:
+        out.write("error: this start's reason\n")
+    assert daemon.log_tail(18605, since=size) == "error: this start's reason"
+    assert "yesterday" in daemon.log_tail(18605)
+
+
+def test_stop_of_a_server_its_service_manager_stopped_says_stopped(monkeypatch, stranger):
+    server = _fake_server(lambda path: (200, {"status": "ok", "service": "locals", "model": "m",
+                                              "pid": stranger.pid}))
+    port = server.server_port
+    daemon.write_record(daemon.ServerRecord(port=port, mode="systemd", pid=stranger.pid))
+    # `systemctl --user stop` waits until the unit is gone: the server answers no more.
+    monkeypatch.setattr(daemon, "_unload_service", lambda record: server.shutdown() or server.server_close())
+    assert daemon.stop(port) is True
+    assert stranger.poll() is None and daemon.read_record(port) is None
+
+
+def test_start_hands_its_overflow_policy_to_the_server_and_refuses_an_unknown_one(monkeypatch):
+    from typer.testing import CliRunner
+
+    from locals.cli import app
+
+    launched = []
+
+    def launch(record, cmd):
+        launched.append(cmd)
+        raise LocalsError("launch stopped by the test")
+
+    monkeypatch.setattr(daemon, "service_manager", lambda: "process")
+    monkeypatch.setattr(daemon, "_launch_process", launch)
+    result = CliRunner().invoke(app, ["start", "--model", "smollm2", "--port", "18612", "--overflow", "trim"])
+    assert "launch stopped by the test" in str(result.exception or result.output)
+    assert launched and launched[0][launched[0].index("serve"):][-2:] == ["--overflow", "trim"]
+    launched.clear()
+    with pytest.raises(LocalsError):
+        daemon.start("smollm2", 18612, timeout=5)
+    assert "--overflow" not in launched[0]
+    bad = CliRunner().invoke(app, ["start", "--overflow", "drop"])
+    assert bad.exit_code != 0 and "--overflow 'drop': use refuse or trim" in bad.output + str(bad.exception)
