@@ -10,6 +10,7 @@ into ~/.cline/data/settings/providers.json instead.
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,15 @@ class Cline(Tool):
         """Our config folder's providers file, written afresh for this launch."""
         path = self.config_dir(ctx) / "data" / "settings" / "providers.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"version": 1, "lastUsedProvider": PROVIDER, "providers": {
-            PROVIDER: {"settings": self.provider_settings(ctx), "tokenSource": "manual"}}}, indent=2))
+        path.write_text(json.dumps({"version": 1, "lastUsedProvider": PROVIDER,
+                                    "providers": {PROVIDER: self.provider_entry(ctx)}}, indent=2))
         return path
+
+    def provider_entry(self, ctx: LaunchContext) -> dict[str, Any]:
+        """The provider as `cline auth` writes it. Cline 3.0.65 ignores an entry without
+        `updatedAt` and falls back to its own hosted provider."""
+        stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return {"settings": self.provider_settings(ctx), "updatedAt": stamp, "tokenSource": "manual"}
 
     def command(self, ctx: LaunchContext, args: list[str]) -> list[str]:
         self.providers_file(ctx)
@@ -57,7 +64,7 @@ class Cline(Tool):
         values = {
             ("version",): 1,
             ("lastUsedProvider",): PROVIDER,
-            ("providers", PROVIDER): {"settings": self.provider_settings(ctx), "tokenSource": "manual"},
+            ("providers", PROVIDER): self.provider_entry(ctx),
         }
         return [ConfigChange(home / "data" / "settings" / "providers.json", values,
                              "makes locals Cline's provider")]

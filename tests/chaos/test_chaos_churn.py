@@ -91,4 +91,4 @@ def test_sixty_four_clients_churning_leave_nothing_behind(daemons, tmp_path, req
     assert tally.served and tally.hangups and tally.abandoned
     assert _busy(last) == 0
     assert last["engine"]["kv_bytes"] == idle_kv
-    assert abs(drift) <= 0.10
+    assert drift <= 0.10  # growth is a leak; memory handed back to the system is not

@@ -134,3 +134,14 @@ def test_xml_pattern_refuses_null_and_angle_brackets_token_by_token(tiny_llama):
                 break
             c.accept(token)
         assert walked == ok, value
+
+
+def test_a_pattern_nested_past_pythons_recursion_limit_is_refused_not_crashed():
+    """Found by the fuzzed-request suite: 900 nested groups were a 500 (RecursionError)."""
+    from locals.errors import RequestError
+
+    deep = "(" * 900 + "a" + ")" * 900
+    with pytest.raises(ValueError, match="nests groups too deeply"):
+        pattern_regex(deep)
+    with pytest.raises(RequestError, match="nests too deeply"):
+        schema_regex({"type": "string", "pattern": deep}, label="format")

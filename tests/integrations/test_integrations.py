@@ -116,6 +116,7 @@ def test_cline_provider_goes_into_a_config_dir_of_our_own(tmp_path):
     settings = providers["providers"]["openai-compatible"]["settings"]
     assert settings["baseUrl"] == BASE + "/v1" and settings["model"] == "smollm2"
     assert (settings["contextWindow"], settings["maxTokens"]) == (8192 - 2048, 2048)  # input budget, reply
+    assert providers["providers"]["openai-compatible"]["updatedAt"].endswith("Z")  # Cline skips an entry without it
 
 
 def test_hermes_and_openhands_env(tmp_path):

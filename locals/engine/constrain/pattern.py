@@ -232,6 +232,13 @@ def pattern_regex(pattern: str, banned: str = "", *, no_null: bool = False) -> s
     """outlines-core regex for the texts of `pattern` (JSON-schema semantics, whole value) that
     hold none of `banned` (and, with `no_null`, are not "null" in any case). ValueError says
     why a pattern cannot be enforced."""
+    try:
+        return _pattern_regex(pattern, banned, no_null)
+    except RecursionError:  # Python's regex parser and the tree walk below both recurse per group
+        raise ValueError("its pattern nests groups too deeply") from None
+
+
+def _pattern_regex(pattern: str, banned: str, no_null: bool) -> str:
     if not isinstance(pattern, str):
         raise ValueError("its pattern is not a string")
     try:

@@ -258,6 +258,8 @@ def schema_regex(schema, *, label: str, avoid=(), strict: bool = False) -> str:
     except jsonschema.SchemaError as exc:
         where = "/" + "/".join(str(p) for p in exc.path)
         raise RequestError(f"{label}: invalid JSON schema at {where}: {exc.message}") from None
+    except RecursionError:  # checking a `pattern` parses it with Python's recursive regex parser
+        raise RequestError(f"{label}: the schema or one of its patterns nests too deeply to check") from None
     rewriter = _Rewriter(schema, label, avoid, strict)
     try:
         rewritten = rewriter.rewrite(schema)
