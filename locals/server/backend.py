@@ -186,6 +186,8 @@ class Backend:
         points: list[int] = []
         if chat.prompt is not None:
             tokens = list(self.loaded.tokenizer.encode(chat.prompt))
+            if not tokens:  # a model without a start token has nothing to continue from
+                raise RequestError("`prompt` is empty: send the text the model should continue")
         else:
             tokens = self._fit(chat, self.encode_chat(chat.messages or [], chat.tools, chat.continue_final))
             points = self._boundaries(self.loaded, chat.messages or [], chat.tools, tokens)

@@ -101,3 +101,13 @@ async def test_an_integer_too_large_for_a_float_gets_a_400(client, engine, path,
     assert resp.status == 400
     assert "too large a number" in json.dumps(await resp.json())
     assert engine.requests == []
+
+
+@pytest.mark.parametrize("prompt", ['""', '[""]'])
+async def test_an_empty_completions_prompt_gets_a_400(client, engine, prompt):
+    """A model without a start token has no token to continue from (was a 500 from the engine)."""
+    body = b'{"model": "m", "prompt": ' + prompt.encode() + b', "max_tokens": 3}'
+    status, payload = await post_raw(client, "/v1/completions", body)
+    assert status == 400 and error_shape_ok("openai", payload)
+    assert "`prompt` is empty" in message_of("openai", payload)
+    assert not engine.requests
