@@ -145,3 +145,17 @@ def test_a_pattern_nested_past_pythons_recursion_limit_is_refused_not_crashed():
         pattern_regex(deep)
     with pytest.raises(RequestError, match="nests too deeply"):
         schema_regex({"type": "string", "pattern": deep}, label="format")
+
+
+@pytest.mark.parametrize("key", ["maxLength", "minItems"])
+def test_a_bound_too_large_to_unroll_is_refused_before_compiling(key):
+    """Found by the fuzzed-request suite: maxLength 2**31 made outlines-core allocate until the
+    system killed the server."""
+    from locals.errors import RequestError
+
+    schema = {"type": "string" if key == "maxLength" else "array", key: 2**31}
+    with pytest.raises(RequestError, match=f"{key} 2147483648, over 10,000"):
+        schema_regex(schema, label="format")
+    schema_regex({**schema, key: 10_000}, label="format")  # the regex is written; compiling it is another matter
+    with pytest.raises(ValueError, match="repeats a part 2147483647 times, over 10,000"):
+        pattern_regex("a{2147483647}")

@@ -32,6 +32,8 @@ _PY_CATEGORY = {C.CATEGORY_DIGIT: r"\d", C.CATEGORY_NOT_DIGIT: r"\D", C.CATEGORY
                 C.CATEGORY_NOT_WORD: r"\W", C.CATEGORY_SPACE: r"\s", C.CATEGORY_NOT_SPACE: r"\S"}
 _WORD = "null"  # mlx-lm's qwen3_coder parser: `value.lower() == "null"` -> None
 
+MAX_REPEAT = 10_000  # the most times a pattern may repeat a part (its automaton unrolls them)
+
 
 def _hex(c: int) -> str:
     return chr(c) if chr(c).isalnum() and c < 128 else f"\\x{{{c:X}}}"
@@ -209,6 +211,8 @@ def _tree(items, banned: frozenset) -> tuple:
             low, high, sub = arg
             inner = _tree(sub, banned)
             high = None if high is C.MAXREPEAT else high
+            if max(low, high or 0) > MAX_REPEAT:  # unrolled by the automaton: see schema.MAX_BOUND
+                raise ValueError(f"it repeats a part {max(low, high or 0)} times, over {MAX_REPEAT:,}")
             out.append(EPS if high == 0 or inner == EPS else
                        (EPS if low == 0 else EMPTY) if inner == EMPTY else ("rep", inner, low, high))
         else:
