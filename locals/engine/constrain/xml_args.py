@@ -19,7 +19,7 @@ from mlx_lm.tool_parsers.qwen3_coder import _convert_param_value
 
 from locals.engine.constrain.freetext import Avoiding
 from locals.engine.constrain.pattern import pattern_regex
-from locals.engine.constrain.schema import integer_bound, integer_range_regex, schema_regex
+from locals.engine.constrain.schema import MAX_BOUND, integer_bound, integer_range_regex, schema_regex
 from locals.engine.constrain.values import ANY, HOLE_BYTES, HOLE_CLASS, NOT_CONTAINER, NOT_NULL
 from locals.errors import RequestError
 
@@ -129,6 +129,9 @@ class _Values:
                                    f"XML tool-call format: {exc}") from None
         if low is None and high is None:
             return self.hole(NOT_NULL, self.free.not_word("null"))
+        if max(low or 0, high or 0) > MAX_BOUND:  # unrolled by the automaton (schema.MAX_BOUND)
+            raise RequestError(f"{self.label}: parameter {name!r} has a length bound over {MAX_BOUND:,}: its "
+                               "automaton would not fit in memory; lower it or leave it out")
         # Bounded: no `<` at all (it could start a closing marker), and never "null".
         return _bounded_not_null(low or 0, high)
 
