@@ -175,6 +175,15 @@ def _team_midway(server) -> bool:
     return bool(runs) and any(a["step"] >= 2 or a["check"] for a in runs[0]["agents"])
 
 
+def _git_project(project):
+    """A one-commit git project for `locals run`."""
+    project.mkdir()
+    (project / "README.md").write_text("# my project\n")
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start"]):
+        subprocess.run(["git", *args], cwd=project, check=True)
+    return project
+
+
 @needs_chromium
 def test_dashboard_under_load_and_during_a_team_run(locals_server, tmp_path):
     url = locals_server.url + "/"
@@ -204,11 +213,7 @@ def test_dashboard_under_load_and_during_a_team_run(locals_server, tmp_path):
 
     if shutil.which("bwrap") is None and sys.platform == "linux":
         pytest.skip("the team view needs `locals run`, which needs bubblewrap (apt-get install bubblewrap)")
-    project = tmp_path / "my-project"
-    project.mkdir()
-    (project / "README.md").write_text("# my project\n")
-    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start"]):
-        subprocess.run(["git", *args], cwd=project, check=True)
+    project = _git_project(tmp_path / "my-project")
     # A task the 135M model can pass now and then, so that the view may show an applied patch.
     run = subprocess.Popen(
         [sys.executable, "-m", "locals", "run", "Write a file notes.txt that says hello.", "--dir", str(project),

@@ -14,15 +14,6 @@ from locals.protocol import GenerationRequest, SamplingParams
 from tests.helpers.engine_runs import Collector, make_prompts, run_alone, wait_for
 
 
-@pytest.fixture()
-def engine(tiny_llama):
-    # A small budget forces multi-step chunked prefill next to decode rows.
-    eng = Engine(tiny_llama, EngineConfig(step_token_budget=24, min_prefill_chunk=4, prefix_cache_bytes=0))
-    eng.start()
-    yield eng
-    eng.stop()
-
-
 def test_batched_greedy_equals_alone_mixed_lengths_staggered(engine, tiny_llama):
     prompts = make_prompts(tiny_llama.tokenizer, [3, 17, 60, 9, 41])
     alone = [run_alone(engine, p, max_tokens=20)[0] for p in prompts]

@@ -19,14 +19,6 @@ from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, Toke
 from tests.helpers.engine_runs import Collector, make_prompts, run_alone
 
 
-@pytest.fixture()
-def engine(tiny_llama):
-    eng = Engine(tiny_llama, EngineConfig(step_token_budget=24, min_prefill_chunk=4, prefix_cache_bytes=0))
-    eng.start()
-    yield eng
-    eng.stop()
-
-
 def bitmask(allowed: set[int], vocab: int) -> mx.array:
     words = [0] * ((vocab + 31) // 32)
     for t in allowed:
