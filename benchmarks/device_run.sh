@@ -6,6 +6,10 @@
 #   tune        `locals tune` on MODEL's layer shapes, rows 8,16,32,4,2 then the rest, each stopped
 #               after $TUNE_SECONDS (240) with what it measured saved, so the next parts run tuned;
 #               TUNE_ONLY=qmma,... tries only those candidates (and MLX's op)
+#   usertune    `locals tune` on MODEL's layer shapes as a user runs it (its defaults), timed, stopped
+#               after $TUNE_SECONDS (300)
+#   serve       serve_traffic.py: `locals serve` against `mlx_lm.server` over HTTP ($SERVE_ARGS added,
+#               e.g. --quick)
 #   head        `locals tune` on the tied lm_head (vocab x hidden) alone, the two tensor-core
 #               candidates that win the layers, rows 8,4,2,16,32, stopped after $TUNE_SECONDS (240)
 #   gated       gated_kernel (SwiGLU inside the gate/up kernel against its product + MLX's
@@ -60,6 +64,11 @@ for part in ${parts//,/ }; do
     tune) # The row counts that matter most first, then the rest, each stopped with what it measured saved.
       timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 8,16,32,4,2 ${TUNE_ONLY:+--only $TUNE_ONLY}
       timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune $(shapes) --rounds 3 --rows 2-32 ${TUNE_ONLY:+--only $TUNE_ONLY} ;;
+    usertune) start=$(date +%s)
+      timeout -s TERM -k 30 "${TUNE_SECONDS:-300}" python3 -m locals tune $(shapes); rc=$?
+      echo "locals tune: $(( $(date +%s) - start )) s (exit $rc)" ;;
+    serve) timeout 580 python3 benchmarks/serve_traffic.py ${SERVE_ARGS:-}  # its server logs too:
+      if [ -n "${OUT:-}" ]; then find benchmarks/results -name '*-logs' -newer "$stamp" -exec cp -r {} "$OUT"/ \;; fi ;;
     head) lm_head=$(shapes | tr ' ' '\n' | grep x | sort -n | tail -1)  # vocab x hidden: the largest shape
       timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune --shape "$lm_head" --rounds 3 \
         --rows 8,4,2,16,32 --only qmma-r16-t128,qmma-r16-t256 ;;

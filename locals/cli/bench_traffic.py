@@ -80,6 +80,12 @@ def server_specs(name: str, backend, scratch: Path, wanted: list[str] | None) ->
         peer_model = target
         weights["mlx_lm.server"] = portable(target)
     specs["mlx_lm.server"] = srv.mlx_lm_server(peer_model, peer_env)
+    if backend.kind == "cuda":
+        # MLX keeps the CUDA kernels it compiles in a folder (locals sets its own, MLX's default is
+        # shared): one per server, kept across its rounds, so each server's first round compiles
+        # its own kernels, as on a fresh machine, and neither finds the other's.
+        for server, spec in specs.items():
+            spec.env["MLX_PTX_CACHE_DIR"] = str(scratch / f"cuda-kernels-{server}")
     if kind == "gguf" and srv.llama_cpp_available():
         specs["llama.cpp"] = srv.llama_cpp_server(target, context=0, threads=os.cpu_count() or 1)
         weights["llama.cpp"] = f"{portable(target)} (its own GGUF kernels)"

@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from typing import Optional
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from locals.cli.common import console, console_err, load_with_spinner, prepare_model_process
@@ -100,6 +102,7 @@ def tune(
     from locals.engine.forward.fuse import fuse_projections
     from locals.engine.kernels.tuning.tuner import current_chip, default_candidates, load_table, model_problems, save_table
     from locals.engine.kernels.tuning.tuner import tune as run_tuning
+    from locals.engine.kernels.tuning.tuner import tuning_rows
 
     if report:
         _report()
@@ -125,9 +128,11 @@ def tune(
                           "weights), so there is nothing to tune: MLX's own ops are used.")
             return
     table = None if fresh else load_table()
-    with stop_requested() as stop, console_err.status("verifying and timing kernels…", spinner="dots") as status:
+    rows_asked = row_list or tuning_rows(current_chip()[0])
+    pairs = sum(1 for p in problems for m in rows_asked if str(m) not in (table.choices.get(p.key, {}) if table else {}))
+    with stop_requested() as stop, tuning_progress(pairs) as (progress, advance):
         table = run_tuning(problems, rows=row_list, candidates=pool, table=table, rounds=rounds,
-                           progress=lambda msg: status.update(msg), pause=stop.is_set)
+                           progress=progress, pause=stop.is_set, on_pair=advance)
     path = save_table(table)
     print_table(table)
     console_err.print(f"[dim]saved to {path}[/dim]")
@@ -154,6 +159,26 @@ def _check_options(bits: int, dtype: str, group_size: int, rounds: int) -> None:
         raise LocalsError("--bits must be 4 or 8 and --dtype one of bfloat16, float16, float32")
     if group_size not in (32, 64, 128) or rounds < 1:
         raise LocalsError("--group-size must be 32, 64 or 128 and --rounds at least 1")
+
+
+@contextlib.contextmanager
+def tuning_progress(pairs: int):
+    """(progress(msg), advance()) for tuning `pairs` (layer shape, rows) pairs: a bar with the
+    latest step in a terminal; elsewhere (a log, CI) a timestamped line per step."""
+    if not console_err.is_terminal:
+        start = time.perf_counter()
+        done = [0]
+
+        def line(msg: str) -> None:
+            console_err.print(f"[{time.perf_counter() - start:6.1f} s · {done[0]}/{pairs} pairs] {msg}",
+                              highlight=False, markup=False, soft_wrap=True)
+
+        yield line, lambda: done.__setitem__(0, done[0] + 1)
+        return
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console_err, transient=True) as bar:
+        task = bar.add_task("verifying kernels…", total=pairs)
+        yield (lambda msg: bar.update(task, description=msg[:60])), (lambda: bar.advance(task))
 
 
 @contextlib.contextmanager

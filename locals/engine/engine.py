@@ -249,6 +249,7 @@ class Engine:
             steps=c.steps,
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
                    "untuned_pairs": self.untuned_pairs, **compile_stats(self.warmer, self.runner.compiled),
+                   "slow_steps": c.slow_steps, "slowest_step_s": round(c.slowest_step_s, 3),
                    "generating_tokens": sum(len(s.generated) for s in active),  # not in the total yet
                    "fused_kernel_layers": self.fused_kernel_layers, "folded_in_matmuls": self._folded_in_matmuls(),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
@@ -465,6 +466,8 @@ class Engine:
                 slot.seq.finish("error", f"engine step failed: {exc}")
             return
         now = time.perf_counter()
+        self.counters.note_step(now - step.started, len(step.slots), step.prefill_tokens,
+                                self.runner.compiled.uncompiled_passes)
         self.counters.decode.add(step.emitted, now, step.started)
         self.counters.drafted_tokens_total += step.drafted
         self.counters.accepted_tokens_total += step.accepted

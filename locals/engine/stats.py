@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from locals.protocol import FinishReason
+
+log = logging.getLogger("locals.engine.engine")
+# A step this long held every stream in it: counted and logged with its shape, so a served run
+# can be checked for waits on a kernel compiled on first use or a graph traced (docs/arch/engine.md,
+# "Shapes").
+SLOW_STEP_S = 2.0
 
 
 class RateMeter:
@@ -51,6 +58,16 @@ class Counters:
     taken_back_total: int = 0  # tokens constrained rows sampled ahead, then dropped for a masked draw
     masks_after_total: int = 0  # steps queued before their masked rows' tokens were read
     last_ttft_s: float = 0.0
+    slow_steps: int = 0  # steps that took SLOW_STEP_S or more (each logged)
+    slowest_step_s: float = 0.0
     finish_reasons: dict[FinishReason, int] = field(default_factory=dict)
     decode: RateMeter = field(default_factory=RateMeter)
     prefill: RateMeter = field(default_factory=RateMeter)
+
+    def note_step(self, took: float, rows: int, prompt_tokens: int, uncompiled_passes: int) -> None:
+        """Keep the slowest step's time; count and log a slow one."""
+        self.slowest_step_s = max(self.slowest_step_s, took)
+        if took >= SLOW_STEP_S:
+            self.slow_steps += 1
+            log.info("slow step: %.1f s (%d rows, %d prompt tokens; %d passes uncompiled so far)", took, rows,
+                     prompt_tokens, uncompiled_passes)

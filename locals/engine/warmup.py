@@ -77,7 +77,9 @@ class ShapeWarmer:
                 release_memory()
             took = time.perf_counter() - began
             self.traced, self.seconds = self.traced + 1, self.seconds + took
-            log.debug("compiled %s %s in %.2f s", trace.__name__.removeprefix("_trace_"), shape, took)
+            # Seconds a request arriving meanwhile would have waited: logged where they count.
+            log.log(logging.INFO if took >= 0.5 else logging.DEBUG, "compiled %s %s in %.2f s",
+                    trace.__name__.removeprefix("_trace_"), shape, took)
             if time.perf_counter() - start >= budget_s or stop():
                 if budget_s:
                     log.info("compiled %d decode-step shapes in %.1f s; the rest compile while idle",

@@ -10,6 +10,7 @@ from locals.engine.engine import Engine
 from locals.engine.forward.forward import step_rows
 from locals.engine.forward.kv import row_capacity, token_capacity
 from locals.engine.settings import EngineConfig
+from locals.engine.stats import SLOW_STEP_S, Counters
 from locals.engine.warmup import step_shapes
 from locals.protocol import GenerationRequest, SamplingParams
 
@@ -54,7 +55,18 @@ def test_after_compiling_ahead_requests_run_no_pass_uncompiled(tiny_llama):
             c.wait()
             for rid, prompt in zip(ids, prompts):
                 assert c.tokens(rid) == run_alone(plain, prompt, max_tokens=12, temperature=0)[0]
-        assert engine.stats().extra["uncompiled_passes"] == 0
+        extra = engine.stats().extra
+        assert extra["uncompiled_passes"] == 0 and extra["slowest_step_s"] > 0
     finally:
         engine.stop()
         plain.stop()
+
+
+def test_a_slow_step_is_counted_and_logged_with_its_shape(caplog):
+    counters = Counters()
+    counters.note_step(0.05, rows=3, prompt_tokens=0, uncompiled_passes=0)
+    assert counters.slow_steps == 0 and counters.slowest_step_s == 0.05 and not caplog.records
+    with caplog.at_level("INFO", logger="locals.engine.engine"):
+        counters.note_step(SLOW_STEP_S + 0.5, rows=8, prompt_tokens=248, uncompiled_passes=2)
+    assert counters.slow_steps == 1 and counters.slowest_step_s == SLOW_STEP_S + 0.5
+    assert "slow step: 2.5 s (8 rows, 248 prompt tokens; 2 passes uncompiled so far)" in caplog.text

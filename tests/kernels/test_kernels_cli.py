@@ -23,6 +23,8 @@ def test_tune_shape_then_report(locals_home):
     proc = run_cli("tune", "--shape", "33x128", "--rows", "1-2", "--rounds", "1", "--dtype", "float32")
     assert proc.returncode == 0, proc.stderr
     assert "q4-g64-float32-33x128" in proc.stdout
+    # Not a terminal: a timestamped line a step, counting the pairs (a log shows where time went).
+    assert "0/2 pairs] verifying" in proc.stderr and "1/2 pairs] q4-g64-float32-33x128 M=2" in proc.stderr
     saved = list((locals_home / "cache" / "tuning").glob("*.json"))
     assert len(saved) == 1
     report = run_cli("tune", "--report")

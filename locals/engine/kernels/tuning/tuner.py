@@ -186,6 +186,7 @@ def screen(candidates: list, problems: list[Problem], table: TuningTable,
     for cand in candidates:
         if cand.name in table.rejected:
             continue
+        progress(f"verifying {cand.name}")
         for bits, group, dtype in quants:
             verdicts = []
             for case in default_cases(bits, group, getattr(mx, dtype), rows=rows, shapes=shapes):
@@ -240,9 +241,10 @@ def _tune_one(problem: Problem, rows: int, candidates: list, rounds: int, repeat
 def tune(problems: list[Problem], rows: range | list[int] | None = None, candidates=None,
          table: TuningTable | None = None, pause: Callable[[], bool] | None = None,
          progress: Callable[[str], None] | None = None, rounds: int = 7, repeats: int = 20,
-         screen_shapes=DEFAULT_SHAPES, screened: bool = False) -> TuningTable:
+         screen_shapes=DEFAULT_SHAPES, screened: bool = False,
+         on_pair: Callable[[], None] | None = None) -> TuningTable:
     """Tune every (problem, rows) not yet in `table` (rows: this backend's `tuning_rows`);
-    stops early (complete=False) when `pause()`.
+    stops early (complete=False) when `pause()`. `on_pair()` after each pair is chosen.
 
     Candidates are first screened on `screen_shapes` (odd sizes) for every quantization,
     unless `screened` says `candidates` already passed `screen`.
@@ -277,6 +279,8 @@ def tune(problems: list[Problem], rows: range | list[int] | None = None, candida
             done[str(m)] = choice
             table.timings_us.setdefault(problem.key, {})[str(m)] = timings
             progress(f"{problem.key} M={m}: {choice} ({timings[choice]:.1f} us, mlx {timings[MLX_OP]:.1f} us)")
+            if on_pair is not None:
+                on_pair()
     table.complete = True
     return table
 
