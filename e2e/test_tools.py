@@ -78,7 +78,7 @@ def _refused_on(tool: str, context: int) -> bool:
 
     spec = get_tool(tool)
     window = LaunchContext("", "", context).context_window(spec.context_wanted)
-    return spec.first_prompt + LaunchContext.reply_tokens(window) > window
+    return not LaunchContext.first_prompt_fits(window, spec.first_prompt)
 
 
 def _finished_since(server, api: str, since: float) -> list[dict]:

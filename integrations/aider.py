@@ -26,7 +26,7 @@ class Aider(Tool):
 
     def metadata_file(self, ctx: LaunchContext) -> Path:
         window = ctx.context_window(self.context_wanted)
-        reply = ctx.reply_tokens(window)
+        reply = ctx.reply_tokens(window, self.first_prompt)
         entry = {
             "max_tokens": reply,
             "max_input_tokens": window - reply,

@@ -18,6 +18,9 @@ from typing import Any, ClassVar
 from locals import settings
 
 API_KEY = "locals"  # the server accepts any key; tools insist on having one
+# Fewest tokens a tool is told to keep for the reply, and fewest left for its turns beside its
+# fixed first prompt: a model whose window leaves less is refused for that tool.
+MIN_REPLY = 1024
 
 
 @dataclass
@@ -58,10 +61,18 @@ class LaunchContext:
         return min(wanted, self.context_length) if self.context_length else wanted
 
     @staticmethod
-    def reply_tokens(window: int) -> int:
+    def reply_tokens(window: int, first_prompt: int = 0) -> int:
         """What a tool keeps free for the model's reply (and the next tool result): a quarter of
-        the window, at most 8,192. Tools compact their history once the rest is full."""
-        return min(8192, window // 4)
+        the window, at most 8,192; where the tool's fixed first prompt (`first_prompt` tokens)
+        leaves less than twice that, half of what it leaves (so that the tool's own turns fit
+        beside it), but not under MIN_REPLY. Tools compact their history once the rest is full."""
+        return min(8192, window // 4, max(MIN_REPLY, (window - first_prompt) // 2))
+
+    @staticmethod
+    def first_prompt_fits(window: int, first_prompt: int) -> bool:
+        """Whether the window holds the tool's fixed first prompt, its reply and at least
+        MIN_REPLY tokens of its own turns; a tool for which it does not is not started."""
+        return first_prompt + LaunchContext.reply_tokens(window, first_prompt) + MIN_REPLY <= window
 
     def own_dir(self, tool: str) -> Path:
         base = self.state_dir or Path(settings.foreign("TMPDIR", "/tmp")) / "locals-tools"

@@ -55,7 +55,7 @@ class Claude(Tool):
 
     def env(self, ctx: LaunchContext) -> dict[str, str | None]:
         window = ctx.context_window(self.context_wanted)
-        reply = ctx.reply_tokens(window)
+        reply = ctx.reply_tokens(window, self.first_prompt)
         env: dict[str, str | None] = {
             "ANTHROPIC_BASE_URL": ctx.base_url,
             # A bearer token needs no interactive "use this API key?" approval; an

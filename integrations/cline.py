@@ -34,7 +34,7 @@ class Cline(Tool):
 
     def provider_settings(self, ctx: LaunchContext) -> dict[str, Any]:
         window = ctx.context_window(self.context_wanted)
-        reply = ctx.reply_tokens(window)
+        reply = ctx.reply_tokens(window, self.first_prompt)
         return {"provider": PROVIDER, "apiKey": API_KEY, "model": ctx.model, "baseUrl": ctx.v1,
                 "contextWindow": window - reply, "maxTokens": reply}
 

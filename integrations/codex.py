@@ -44,7 +44,7 @@ class Codex(Tool):
     def window_keys(self, ctx: LaunchContext) -> dict[str, int]:
         """The window, and the prompt size past which Codex compacts its history (room for a reply)."""
         window = ctx.context_window(self.context_wanted)
-        return {"model_context_window": window, "model_auto_compact_token_limit": window - ctx.reply_tokens(window)}
+        return {"model_context_window": window, "model_auto_compact_token_limit": window - ctx.reply_tokens(window, self.first_prompt)}
 
     def command(self, ctx: LaunchContext, args: list[str]) -> list[str]:
         if ctx.task:

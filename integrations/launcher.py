@@ -45,7 +45,7 @@ def check_context(tool: Tool, ctx: LaunchContext) -> None:
             f"(`locals launch {tool.name} --model qwen`)"
         )
     window = ctx.context_window(tool.context_wanted)
-    if ctx.context_length and tool.first_prompt + ctx.reply_tokens(window) > window:
+    if ctx.context_length and not ctx.first_prompt_fits(window, tool.first_prompt):
         raise LocalsError(
             f"{tool.title}'s first prompt alone (its instructions and tool definitions) is about "
             f"{tool.first_prompt:,} tokens; {ctx.model}'s {window:,}-token context leaves no room for a "

@@ -17,7 +17,7 @@ from integrations.base import API_KEY, ConfigChange, LaunchContext, Tool, regist
 SCHEMA = "https://opencode.ai/config.json"
 
 
-def provider_block(ctx: LaunchContext, window: int) -> dict[str, Any]:
+def provider_block(ctx: LaunchContext, window: int, first_prompt: int) -> dict[str, Any]:
     """An `@ai-sdk/openai-compatible` provider named locals with the served model in it. OpenCode
     compacts a session once its last request's tokens pass `context` minus `output`."""
     return {
@@ -28,7 +28,7 @@ def provider_block(ctx: LaunchContext, window: int) -> dict[str, Any]:
             ctx.model: {
                 "name": f"{ctx.model} (locals)",
                 "tool_call": True,
-                "limit": {"context": window, "output": ctx.reply_tokens(window)},
+                "limit": {"context": window, "output": ctx.reply_tokens(window, first_prompt)},
             }
         },
     }
@@ -58,7 +58,7 @@ class OpenCode(Tool):
         window = ctx.context_window(self.context_wanted)
         return {
             "$schema": SCHEMA,
-            "provider": {"locals": provider_block(ctx, window)},
+            "provider": {"locals": provider_block(ctx, window, self.first_prompt)},
             "model": ctx.provider_model,
             "small_model": ctx.provider_model,
         }
@@ -75,7 +75,7 @@ class OpenCode(Tool):
     def setup_values(self, ctx: LaunchContext) -> list[ConfigChange]:
         window = ctx.context_window(self.context_wanted)
         values = {
-            ("provider", "locals"): provider_block(ctx, window),
+            ("provider", "locals"): provider_block(ctx, window, self.first_prompt),
             ("model",): ctx.provider_model,
         }
         return [ConfigChange(global_config(self.app), values, f"makes locals {self.title}'s default model")]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from integrations import launcher
-from integrations.base import LaunchContext, all_tools, get_tool
+from integrations.base import MIN_REPLY, LaunchContext, all_tools, get_tool
 from locals.errors import LocalsError
 
 BASE = "http://127.0.0.1:8321"
@@ -71,7 +71,8 @@ def test_claude_env_and_first_run(tmp_path, _user_home):
     assert env["ANTHROPIC_BASE_URL"] == BASE and env["ANTHROPIC_AUTH_TOKEN"] == "locals"
     assert "ANTHROPIC_API_KEY" not in env  # would override the token
     assert env["ANTHROPIC_MODEL"] == env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "smollm2"
-    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "2048"
+    # (8,192 is too small for its first prompt: launch refuses it before this; the reply is the least.)
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "1024"
     # The onboarding answer goes into ~/.claude.json through the manifest, and comes back out.
     [change] = plan.changes
     assert change.path == _user_home / ".claude.json"
@@ -93,7 +94,8 @@ def test_codex_uses_the_responses_api_by_overrides(tmp_path):
     assert overrides["model_providers.locals.wire_api"] == '"responses"'
     assert overrides["model_providers.locals.base_url"] == f'"{BASE}/v1"'
     assert overrides["model_context_window"] == "8192"
-    assert overrides["model_auto_compact_token_limit"] == "6144"  # room for a 2,048-token reply
+    # Its 6,436-token first prompt leaves 1,756 of 8,192: the least reply (launch refuses that window).
+    assert overrides["model_auto_compact_token_limit"] == "7168"
 
 
 def test_aider_metadata_file_carries_the_window(tmp_path):
@@ -115,7 +117,8 @@ def test_cline_provider_goes_into_a_config_dir_of_our_own(tmp_path):
     providers = json.loads((own / "data" / "settings" / "providers.json").read_text())
     settings = providers["providers"]["openai-compatible"]["settings"]
     assert settings["baseUrl"] == BASE + "/v1" and settings["model"] == "smollm2"
-    assert (settings["contextWindow"], settings["maxTokens"]) == (8192 - 2048, 2048)  # input budget, reply
+    # Input budget and reply: the 5,432-token first prompt leaves 2,760 of 8,192, half for the reply.
+    assert (settings["contextWindow"], settings["maxTokens"]) == (8192 - 1380, 1380)
     assert providers["providers"]["openai-compatible"]["updatedAt"].endswith("Z")  # Cline skips an entry without it
 
 
@@ -177,7 +180,7 @@ def test_hermes_refuses_a_short_window_before_starting(tmp_path):
     launcher.check_context(get_tool("opencode"), ctx_for(tmp_path, context_length=16384))
 
 
-@pytest.mark.parametrize("name, fits_in", [("claude", 24576), ("opencode", 16384), ("kilo", 24576),
+@pytest.mark.parametrize("name, fits_in", [("claude", 16384), ("opencode", 16384), ("kilo", 16384),
                                            ("codex", 16384), ("cline", 8192), ("aider", 8192)])
 def test_a_first_prompt_that_leaves_no_room_for_a_reply_is_refused_before_starting(tmp_path, name, fits_in):
     tool = get_tool(name)
@@ -187,3 +190,15 @@ def test_a_first_prompt_that_leaves_no_room_for_a_reply_is_refused_before_starti
         with pytest.raises(LocalsError, match=rf"first prompt alone .* is about {tool.first_prompt:,} tokens;"
                                               rf".*`locals launch {name} --model qwen`"):
             launcher.check_context(tool, ctx_for(tmp_path, context_length=fits_in // 2))
+
+
+def test_a_long_first_prompt_shrinks_the_reply_room_so_the_tool_starts_on_the_embedded_window(tmp_path):
+    # Claude Code's 12,408-token first prompt in 16,384: a quarter (4,096) would leave no room for its
+    # turns; half of the 3,976 left goes to the reply, the rest to the turns before it compacts.
+    claude = get_tool("claude")
+    env = claude.env(ctx_for(tmp_path, context_length=16384))
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "16384" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "1988"
+    assert LaunchContext.reply_tokens(16384, get_tool("opencode").first_prompt) == 4096  # a quarter still fits
+    assert LaunchContext.reply_tokens(32768, claude.first_prompt) == 8192
+    assert LaunchContext.reply_tokens(14000, claude.first_prompt) == MIN_REPLY
+    assert not LaunchContext.first_prompt_fits(14000, claude.first_prompt)
