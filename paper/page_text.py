@@ -12,9 +12,8 @@ rewrites this page and README.md's headline table; a test fails when they drift)
 names its file, command, machine and date; figures are medians (ranges) over interleaved rounds
 of peers on the same machine and weights. H200: one NVIDIA H200; CPU: two shared x86 cores.
 
-How each run was read, what changed between runs and the measurements behind the engine's
-choices are in [benchmarks-log.md](benchmarks-log.md), the history of runs (newest first, not
-updated afterwards). The paper (`paper/paper.md`) draws these tables as figures."""
+How each run was read and the measurements behind the engine's choices are in
+[benchmarks-log.md](benchmarks-log.md), the history of runs. The paper draws these tables as figures."""
 
 INTRO = {
     "served_traffic": """What a client gets: `locals serve` against `mlx_lm.server` (and llama.cpp's server where

@@ -102,7 +102,7 @@ def tune(
     from locals.engine.forward.fuse import fuse_projections
     from locals.engine.kernels.tuning.tuner import current_chip, default_candidates, load_table, model_problems, save_table
     from locals.engine.kernels.tuning.tuner import tune as run_tuning
-    from locals.engine.kernels.tuning.tuner import tuning_rows
+    from locals.engine.kernels.tuning.tuner import new_table, tuning_rows
 
     if report:
         _report()
@@ -127,12 +127,17 @@ def tune(
             console.print("This model has no quantized layers on this device (the CPU backend runs dense "
                           "weights), so there is nothing to tune: MLX's own ops are used.")
             return
-    table = None if fresh else load_table()
+    table = (None if fresh else load_table()) or new_table()
     rows_asked = row_list or tuning_rows(current_chip()[0])
-    pairs = sum(1 for p in problems for m in rows_asked if str(m) not in (table.choices.get(p.key, {}) if table else {}))
+    pairs = sum(1 for p in problems for m in rows_asked if str(m) not in table.choices.get(p.key, {}))
+
     with stop_requested() as stop, tuning_progress(pairs) as (progress, advance):
-        table = run_tuning(problems, rows=row_list, candidates=pool, table=table, rounds=rounds,
-                           progress=progress, pause=stop.is_set, on_pair=advance)
+        def pair_done() -> None:  # saved as it goes: a tuning run killed keeps what it measured
+            advance()
+            save_table(table)
+
+        run_tuning(problems, rows=row_list, candidates=pool, table=table, rounds=rounds,
+                   progress=progress, pause=stop.is_set, on_pair=pair_done)
     path = save_table(table)
     print_table(table)
     console_err.print(f"[dim]saved to {path}[/dim]")

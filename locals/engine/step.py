@@ -52,6 +52,7 @@ class Begun:
     later: dict  # row id -> its mask after each draft token
     forced_before: dict  # row id -> len(pending) when fed: more later means forced tokens came
     prefill_tokens: int
+    started: float  # when building it began: MLX compiles a kernel new to this machine while queueing it
 
 
 @dataclass
@@ -189,6 +190,7 @@ class StepRunner:
     def begin(self, slots: list[Slot], queue: bool = False) -> Begun | None:
         """Build the forward pass for `slots` (queued on the device when `queue`, so a step
         can run while the one before is read); `finish` samples it. None when no row is left."""
+        started = time.perf_counter()
         drafts, later = self._drafts(slots)
         slots = _batch_order([s for s in slots if not s.seq.finished], drafts)
         if not slots:
@@ -211,13 +213,13 @@ class StepRunner:
             self._queue([logits] if sampled_rows else [a for r in rows for a in r.kv.arrays()])
         self._cache_points(slots, before, None if queued else logits)
         prefill_tokens = sum(s.n for s in slots if s.seq.prefilling)
-        return Begun(slots, logits if sampled_rows else None, drafts, later, forced_before, prefill_tokens)
+        return Begun(slots, logits if sampled_rows else None, drafts, later, forced_before, prefill_tokens, started)
 
     def finish(self, begun: Begun) -> Launched:
         """Sample a begun step with each row's mask as it is now, and queue the draws. A row
         that finished, or got forced tokens, since `begin` is not sampled: its draw is dropped."""
         if begun.logits is None:
-            return Launched(begun.slots, [], None, begun.prefill_tokens)
+            return Launched(begun.slots, [], None, begun.prefill_tokens, started=begun.started)
         masks, skip = {}, set()
         for slot in begun.slots:
             seq = slot.seq
@@ -243,7 +245,7 @@ class StepRunner:
             seq.sampled_steps += 1
             seq.inflight += 1
         self._queue(sampled.arrays())
-        return Launched(begun.slots, verify, sampled, begun.prefill_tokens)
+        return Launched(begun.slots, verify, sampled, begun.prefill_tokens, started=begun.started)
 
     def _sample_rows(self, seqs: list[Sequence], masks: dict, drafts: dict,
                      skip: set = frozenset()) -> tuple[list[Verify], list[RowSampling]]:

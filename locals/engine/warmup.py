@@ -48,38 +48,40 @@ class ShapeWarmer:
     """Traces one engine's short passes shape by shape, on the engine thread: whole decode steps
     (`step_shapes`) and the seams of passes up to `compile_max_tokens` tokens, interleaved so the
     likeliest of both come first. Until a shape is traced, passes of that shape run uncompiled
-    (`CompiledBlocks.on_demand` off): slower, but nothing waits for a trace."""
+    (`CompiledBlocks.on_demand` off): slower, but nothing waits for a trace.
 
-    def __init__(self, model, runner, max_batch: int, max_positions: int, kv_positions: int):
+    Before any of them, always before ready: the passes that run uncompiled at any shape — a
+    prompt's first and next chunk, and a chunk beside a decoding batch. They compile no graph,
+    but on a GPU new to MLX each meets kernels MLX compiles on first use, tens of seconds each on
+    an H200 (docs/arch/engine.md, "Shapes"); MLX keeps those on disk, so only a machine's first
+    start pays them, and it pays them here instead of in its first requests."""
+
+    def __init__(self, model, runner, max_batch: int, max_positions: int, kv_positions: int, chunk: int):
         self.model, self.runner = model, runner
         runner.compiled.on_demand = False
-        steps = iter(step_shapes(max_batch, max_positions, kv_positions))
+        shapes = step_shapes(max_batch, max_positions, kv_positions)
         lengths = [1 << i for i in range(runner.choices.compile_max_tokens.bit_length())]  # forward._pad_short_pass
-        self._todo = _interleave(((self._trace_step, s) for s in steps),
+        first_of = {}  # the smallest batches of 4 and 8 slots (as many rows), by their first shape
+        for rows, slots, t_cap in shapes:
+            if rows == slots < chunk and len(first_of) < 2:
+                first_of.setdefault(slots, (rows, slots, t_cap))
+        batches = list(first_of.values())
+        self._uncompiled = [(self._trace_prefill, (chunk, 0)), (self._trace_prefill, (chunk, chunk)),
+                            *((self._trace_step, (*batch, chunk - batch[0])) for batch in batches)]
+        self._todo = _interleave(((self._trace_step, s) for s in shapes),
                                  ((self._trace_seams, (n,)) for n in lengths))
         self.traced = 0
         self.seconds = 0.0
         self.done = False  # every shape compiled
 
     def warm(self, budget_s: float, stop=lambda: False) -> None:
-        """Trace shapes until `budget_s` has passed or `stop()` (one shape at least), and log where
-        that leaves it; `done` once none remain."""
+        """Run the uncompiled passes (the first call only), then trace shapes until `budget_s` has
+        passed or `stop()` (one shape at least), and log where that leaves it; `done` once none remain."""
         start = time.perf_counter()
+        while self._uncompiled and not stop():
+            self._trace(*self._uncompiled.pop(0))
         for trace, shape in self._todo:
-            began = time.perf_counter()
-            self.runner.compiled.on_demand = True
-            try:
-                trace(*shape)
-            finally:
-                self.runner.compiled.on_demand = False
-                # The placeholder batch is garbage now: give its memory back, or MLX's buffer
-                # cache keeps a batch of every size traced.
-                release_memory()
-            took = time.perf_counter() - began
-            self.traced, self.seconds = self.traced + 1, self.seconds + took
-            # Seconds a request arriving meanwhile would have waited: logged where they count.
-            log.log(logging.INFO if took >= 0.5 else logging.DEBUG, "compiled %s %s in %.2f s",
-                    trace.__name__.removeprefix("_trace_"), shape, took)
+            self._trace(trace, shape)
             if time.perf_counter() - start >= budget_s or stop():
                 if budget_s:
                     log.info("compiled %d decode-step shapes in %.1f s; the rest compile while idle",
@@ -88,8 +90,25 @@ class ShapeWarmer:
         self.done = True
         log.info("compiled every decode-step shape: %d in %.1f s", self.traced, self.seconds)
 
-    def _trace_step(self, rows: int, slots: int, t_cap: int) -> None:
-        """One decode step of `rows` placeholder rows in a batch of `slots` x `t_cap`, evaluated."""
+    def _trace(self, trace, shape: tuple) -> None:
+        began = time.perf_counter()
+        self.runner.compiled.on_demand = True
+        try:
+            trace(*shape)
+        finally:
+            self.runner.compiled.on_demand = False
+            # The placeholder batch is garbage now: give its memory back, or MLX's buffer
+            # cache keeps a batch of every size traced.
+            release_memory()
+        took = time.perf_counter() - began
+        self.traced, self.seconds = self.traced + 1, self.seconds + took
+        # Seconds a request arriving meanwhile would have waited: logged where they count.
+        log.log(logging.INFO if took >= 0.5 else logging.DEBUG, "compiled %s %s in %.2f s",
+                trace.__name__.removeprefix("_trace_"), shape, took)
+
+    def _trace_step(self, rows: int, slots: int, t_cap: int, chunk: int = 0) -> None:
+        """One decode step of `rows` placeholder rows in a batch of `slots` x `t_cap`, evaluated;
+        with `chunk`, beside a prompt chunk of that many tokens (such a pass runs uncompiled)."""
         n_layers = len(self.model.model.layers)
         batch = DecodeBatch(n_layers)
         first = RowKV(n_layers, batch)
@@ -100,13 +119,21 @@ class ShapeWarmer:
             row = RowKV(n_layers, batch)
             row.slot, row.length, row.layers = slot, 2, None
             batch.members.append(row)
-        self._run([RowInput(mx.zeros((1,), mx.int32), 1, row, True) for row in batch.members])
+        prompt = [RowInput(mx.zeros((chunk,), mx.int32), chunk, RowKV(n_layers), True)] if chunk else []
+        self._run([RowInput(mx.zeros((1,), mx.int32), 1, row, True) for row in batch.members] + prompt)
         batch.members.clear()  # rows and batch refer to each other: free the arrays now, not at a GC
         batch.kv.clear()
 
     def _trace_seams(self, length: int) -> None:
         """A pass of `length` tokens (a prompt's last chunk, drafts, forced tokens) through the seams."""
         self._run([RowInput(mx.zeros((length,), mx.int32), length, RowKV(len(self.model.model.layers)), True)])
+
+    def _trace_prefill(self, chunk: int, offset: int) -> None:
+        """A prompt chunk of `chunk` tokens read after `offset` tokens of the same prompt."""
+        kv = RowKV(len(self.model.model.layers))
+        if offset:
+            self._run([RowInput(mx.zeros((offset,), mx.int32), offset, kv, False)])
+        self._run([RowInput(mx.zeros((chunk,), mx.int32), chunk, kv, True)])
 
     def _run(self, rows: list[RowInput]) -> None:
         mx.eval(forward(self.model, rows, self.runner.compiled, self.runner.choices))

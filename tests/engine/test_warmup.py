@@ -70,3 +70,21 @@ def test_a_slow_step_is_counted_and_logged_with_its_shape(caplog):
         counters.note_step(SLOW_STEP_S + 0.5, rows=8, prompt_tokens=248, uncompiled_passes=2)
     assert counters.slow_steps == 1 and counters.slowest_step_s == SLOW_STEP_S + 0.5
     assert "slow step: 2.5 s (8 rows, 248 prompt tokens; 2 passes uncompiled so far)" in caplog.text
+
+
+def test_before_ready_the_uncompiled_passes_run_whatever_the_budget(tiny_llama, caplog):
+    # A prompt's first and next chunk, and a chunk beside 4- and 8-row batches: on a GPU new to
+    # MLX each meets kernels MLX compiles on first use, so they run before ready, not in a request.
+    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=8, speculate=False, warm_up_s=1e-6,
+                                             step_token_budget=64, kv_budget_bytes=64 << 20))
+    with caplog.at_level("DEBUG", logger="locals.engine.warmup"):
+        engine.start()
+        try:
+            assert engine.ready.wait(120)
+            assert engine.stats().extra["compiled_shapes"] >= 5  # four uncompiled passes, then one shape at least
+        finally:
+            engine.stop()
+    traced = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compiled ")]
+    assert [m.split(" in ")[0] for m in traced[:4]] == [
+        "compiled prefill (64, 0)", "compiled prefill (64, 64)", "compiled step (4, 4, 256, 60)",
+        "compiled step (8, 8, 256, 56)"]
