@@ -51,7 +51,7 @@ class Claude(Tool):
     install = "npm install -g @anthropic-ai/claude-code"
     api = "Anthropic Messages"
     context_wanted = 32768
-    first_prompt = 12408  # Claude Code 2.1.332, `-p` with its whole tool set
+    first_prompt = 20231  # Claude Code 2.1.332, `-p` with its whole tool set, as served (tools in the system prompt)
 
     def env(self, ctx: LaunchContext) -> dict[str, str | None]:
         window = ctx.context_window(self.context_wanted)

@@ -108,6 +108,7 @@ def generate(
         start = time.perf_counter()
         finish, ttft = _stream(engine, request)
         sys.stdout.write("\n")
+        sys.stdout.flush()  # before the figures on stderr, where both go to one log
         _report(finish, ttft, time.perf_counter() - start)
     finally:
         engine.stop()

@@ -129,7 +129,7 @@ class Engine:
         # Decode-step shapes compiled ahead (warmup.py); `ready` is set once the first batch of them is.
         self.warmer = (ShapeWarmer(self.model, self.runner, cfg.max_batch, loaded.context_length,
                                    self.kv_budget // WARM_KV_SHARE // max(self.bytes_per_token, 1),
-                                   cfg.step_token_budget)
+                                   cfg.step_token_budget, self.scheduler.solo_budget)
                        if cfg.warm_up_s > 0 and self.decode_batch is not None else None)
         self.ready = threading.Event()
         self._inbox: queue.Queue[Message] = queue.Queue()

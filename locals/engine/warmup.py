@@ -50,13 +50,15 @@ class ShapeWarmer:
     likeliest of both come first. Until a shape is traced, passes of that shape run uncompiled
     (`CompiledBlocks.on_demand` off): slower, but nothing waits for a trace.
 
-    Before any of them, always before ready: the passes that run uncompiled at any shape — a
-    prompt's first and next chunk, and a chunk beside a decoding batch. They compile no graph,
-    but on a GPU new to MLX each meets kernels MLX compiles on first use, tens of seconds each on
-    an H200 (docs/arch/engine.md, "Shapes"); MLX keeps those on disk, so only a machine's first
-    start pays them, and it pays them here instead of in its first requests."""
+    On a GPU, before any of them and always before ready: the passes that run uncompiled at any
+    shape — a prompt's first chunk read alone (`solo_chunk` tokens) and a chunk after it, and a
+    chunk beside decoding batches. They compile no graph, but on a GPU new to MLX each meets
+    kernels MLX compiles on first use, tens of seconds each on an H200 (docs/arch/engine.md,
+    "Shapes"); MLX keeps those on disk, so only a machine's first start pays them, and pays them
+    here instead of in its first requests. A CPU compiles no kernels: it skips them."""
 
-    def __init__(self, model, runner, max_batch: int, max_positions: int, kv_positions: int, chunk: int):
+    def __init__(self, model, runner, max_batch: int, max_positions: int, kv_positions: int, chunk: int,
+                 solo_chunk: int):
         self.model, self.runner = model, runner
         runner.compiled.on_demand = False
         shapes = step_shapes(max_batch, max_positions, kv_positions)
@@ -66,8 +68,9 @@ class ShapeWarmer:
             if rows == slots < chunk and len(first_of) < 2:
                 first_of.setdefault(slots, (rows, slots, t_cap))
         batches = list(first_of.values())
-        self._uncompiled = [(self._trace_prefill, (chunk, 0)), (self._trace_prefill, (chunk, chunk)),
-                            *((self._trace_step, (*batch, chunk - batch[0])) for batch in batches)]
+        self._uncompiled = [(self._trace_prefill, (solo_chunk, 0)), (self._trace_prefill, (chunk, solo_chunk)),
+                            *((self._trace_step, (*batch, chunk - batch[0])) for batch in batches)
+                            ] if compiles_kernels_on_first_use() else []
         self._todo = _interleave(((self._trace_step, s) for s in shapes),
                                  ((self._trace_seams, (n,)) for n in lengths))
         self.traced = 0
@@ -137,6 +140,12 @@ class ShapeWarmer:
 
     def _run(self, rows: list[RowInput]) -> None:
         mx.eval(forward(self.model, rows, self.runner.compiled, self.runner.choices))
+
+
+def compiles_kernels_on_first_use() -> bool:
+    """Whether MLX compiles kernels the first time a pass needs them here: on a GPU (CUDA's
+    runtime compiler; Metal's library), not on the CPU."""
+    return mx.default_device() == mx.gpu
 
 
 def compile_stats(warmer: ShapeWarmer | None, compiled) -> dict:

@@ -180,7 +180,7 @@ def test_hermes_refuses_a_short_window_before_starting(tmp_path):
     launcher.check_context(get_tool("opencode"), ctx_for(tmp_path, context_length=16384))
 
 
-@pytest.mark.parametrize("name, fits_in", [("claude", 16384), ("opencode", 16384), ("kilo", 16384),
+@pytest.mark.parametrize("name, fits_in", [("claude", 24576), ("opencode", 16384), ("kilo", 16384),
                                            ("codex", 16384), ("cline", 8192), ("aider", 8192)])
 def test_a_first_prompt_that_leaves_no_room_for_a_reply_is_refused_before_starting(tmp_path, name, fits_in):
     tool = get_tool(name)
@@ -193,12 +193,15 @@ def test_a_first_prompt_that_leaves_no_room_for_a_reply_is_refused_before_starti
 
 
 def test_a_long_first_prompt_shrinks_the_reply_room_so_the_tool_starts_on_the_embedded_window(tmp_path):
-    # Claude Code's 12,408-token first prompt in 16,384: a quarter (4,096) would leave no room for its
-    # turns; half of the 3,976 left goes to the reply, the rest to the turns before it compacts.
-    claude = get_tool("claude")
-    env = claude.env(ctx_for(tmp_path, context_length=16384))
-    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "16384" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "1988"
+    # Kilo Code's 12,508-token first prompt in 16,384: a quarter (4,096) would leave no room for its
+    # turns; half of the 3,876 left goes to the reply, the rest to the turns before it compacts.
+    kilo = get_tool("kilo")
+    launcher.check_context(kilo, ctx_for(tmp_path, context_length=16384))
+    config = json.loads(kilo.env(ctx_for(tmp_path, context_length=16384))["KILO_CONFIG_CONTENT"])
+    assert config["provider"]["locals"]["models"]["smollm2"]["limit"] == {"context": 16384, "output": 1938}
     assert LaunchContext.reply_tokens(16384, get_tool("opencode").first_prompt) == 4096  # a quarter still fits
-    assert LaunchContext.reply_tokens(32768, claude.first_prompt) == 8192
-    assert LaunchContext.reply_tokens(14000, claude.first_prompt) == MIN_REPLY
-    assert not LaunchContext.first_prompt_fits(14000, claude.first_prompt)
+    assert LaunchContext.reply_tokens(32768, kilo.first_prompt) == 8192
+    claude = get_tool("claude")  # 20,231 tokens as served: only the least reply, and too little room
+    assert LaunchContext.reply_tokens(16384, claude.first_prompt) == MIN_REPLY
+    assert not LaunchContext.first_prompt_fits(16384, claude.first_prompt)
+    assert LaunchContext.first_prompt_fits(22279, claude.first_prompt)
