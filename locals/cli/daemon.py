@@ -149,6 +149,9 @@ def status(
         kernels = kernels_line(engine.get("extra") or {})
         if kernels:
             table.add_row("kernels", kernels)
+        compiles = compiles_line(engine.get("extra") or {})
+        if compiles:
+            table.add_row("compiles", compiles)
     console.print(table)
 
 
@@ -168,6 +171,21 @@ def kernels_line(extra: dict) -> str | None:
     inside = [f"{what} inside {int(folded.get(key) or 0)} matmuls"
               for key, what in (("norms", "add + norm"), ("activations", "SwiGLU")) if folded.get(key)]
     return "; ".join([line, *inside])
+
+
+def compiles_line(extra: dict) -> str | None:
+    """Shapes compiled ahead, passes run uncompiled meanwhile, and steps that held their streams
+    2 s or more (a wait on a compile shows there), or None for an engine that compiles nothing ahead."""
+    shapes = int(extra.get("compiled_shapes") or 0)
+    if not shapes:
+        return None
+    ahead = "compiling more while idle" if extra.get("compiling_ahead") else "all compiled"
+    line = (f"{shapes} shapes ahead in {float(extra.get('compile_seconds') or 0):.0f} s ({ahead}); "
+            f"{int(extra.get('uncompiled_passes') or 0)} passes ran uncompiled")
+    slow = int(extra.get("slow_steps") or 0)
+    if slow:
+        line += f"; {slow} steps of 2 s or more (longest {float(extra.get('slowest_step_s') or 0):.1f} s)"
+    return line
 
 
 def register(app: typer.Typer) -> None:

@@ -45,6 +45,18 @@ def test_tune_bad_options_are_one_line_errors():
         assert "Traceback" not in proc.stderr
 
 
+def test_status_says_what_compiling_ahead_has_done():
+    from locals.cli.daemon import compiles_line
+
+    assert compiles_line({}) is None  # an engine that compiles nothing ahead
+    assert compiles_line({"compiled_shapes": 66, "compile_seconds": 4.04, "compiling_ahead": True,
+                          "uncompiled_passes": 3, "slow_steps": 0, "slowest_step_s": 0.8}) == (
+        "66 shapes ahead in 4 s (compiling more while idle); 3 passes ran uncompiled")
+    assert compiles_line({"compiled_shapes": 81, "compile_seconds": 51.0, "compiling_ahead": False,
+                          "uncompiled_passes": 0, "slow_steps": 2, "slowest_step_s": 31.12}) == (
+        "81 shapes ahead in 51 s (all compiled); 0 passes ran uncompiled; 2 steps of 2 s or more (longest 31.1 s)")
+
+
 def test_status_says_what_the_kernels_are_doing():
     from locals.cli.daemon import kernels_line
 
