@@ -73,34 +73,31 @@ def test_a_slow_step_is_counted_and_logged_with_its_shape(caplog):
     assert "slow step: 2.5 s (8 rows, 248 prompt tokens; 2 passes uncompiled so far)" in caplog.text
 
 
+def _traces_until_ready(tiny_llama, caplog) -> tuple[list[str], dict]:
+    """What an engine that compiles ahead (a tiny budget) traced before it said ready, and its stats then."""
+    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=8, speculate=False, warm_up_s=1e-6,
+                                             step_token_budget=64, kv_budget_bytes=64 << 20))
+    with caplog.at_level("DEBUG", logger="locals.engine.warmup"):
+        engine.start()
+        try:
+            assert engine.ready.wait(120)
+            extra = engine.stats().extra
+        finally:
+            engine.stop()
+    return [r.getMessage().split(" in ")[0] for r in caplog.records if r.getMessage().startswith("compiled ")], extra
+
+
 def test_before_ready_the_uncompiled_passes_run_whatever_the_budget(tiny_llama, caplog, monkeypatch):
     # A prompt's first chunk read alone and the next, and a chunk beside 4- and 8-row batches: on a
     # GPU new to MLX each meets kernels MLX compiles on first use, so they run before ready, not in a
     # request (a CPU compiles none and skips them: made to run them here).
     monkeypatch.setattr(warmup, "compiles_kernels_on_first_use", lambda: True)
-    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=8, speculate=False, warm_up_s=1e-6,
-                                             step_token_budget=64, kv_budget_bytes=64 << 20))
-    with caplog.at_level("DEBUG", logger="locals.engine.warmup"):
-        engine.start()
-        try:
-            assert engine.ready.wait(120)
-            assert engine.stats().extra["compiled_shapes"] >= 5  # four uncompiled passes, then one shape at least
-        finally:
-            engine.stop()
-    traced = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compiled ")]
-    assert [m.split(" in ")[0] for m in traced[:4]] == [
-        "compiled prefill (512, 0)", "compiled prefill (64, 512)", "compiled step (4, 4, 256, 60)",
-        "compiled step (8, 8, 256, 56)"]
+    traced, extra = _traces_until_ready(tiny_llama, caplog)
+    assert extra["compiled_shapes"] >= 5  # four uncompiled passes, then one shape at least
+    assert traced[:4] == ["compiled prefill (512, 0)", "compiled prefill (64, 512)", "compiled step (4, 4, 256, 60)",
+                          "compiled step (8, 8, 256, 56)"]
 
 
 def test_a_cpu_compiles_no_kernels_and_skips_the_uncompiled_passes(tiny_llama, caplog):
-    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=8, speculate=False, warm_up_s=1e-6,
-                                             step_token_budget=64, kv_budget_bytes=64 << 20))
-    with caplog.at_level("DEBUG", logger="locals.engine.warmup"):
-        engine.start()
-        try:
-            assert engine.ready.wait(120)
-        finally:
-            engine.stop()
-    traced = [r.getMessage() for r in caplog.records if r.getMessage().startswith("compiled ")]
-    assert traced and not any("prefill" in m for m in traced) and traced[0].startswith("compiled step (1, 4, 256)")
+    traced, _ = _traces_until_ready(tiny_llama, caplog)
+    assert traced and not any("prefill" in m for m in traced) and traced[0] == "compiled step (1, 4, 256)"
