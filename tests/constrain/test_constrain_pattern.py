@@ -12,7 +12,7 @@ import pytest
 from outlines_core import Index, Vocabulary
 
 from locals.engine.constrain import build_constraint
-from locals.engine.constrain.pattern import pattern_regex, strip_anchors
+from locals.engine.constrain.pattern import intersect_patterns, pattern_regex, strip_anchors
 from locals.engine.constrain.schema import schema_regex
 from locals.errors import RequestError
 
@@ -147,15 +147,34 @@ def test_a_pattern_nested_past_pythons_recursion_limit_is_refused_not_crashed():
         schema_regex({"type": "string", "pattern": deep}, label="format")
 
 
-@pytest.mark.parametrize("key", ["maxLength", "minItems"])
-def test_a_bound_too_large_to_unroll_is_refused_before_compiling(key):
+def test_a_bound_too_large_to_unroll_never_reaches_the_compiler():
     """Found by the fuzzed-request suite: maxLength 2**31 made outlines-core allocate until the
-    system killed the server."""
+    system killed the server. A minimum that large is refused; a maximum is left to the reply's
+    token limit (Claude Code's Workflow tool sets maxLength 524,288), but a strict schema, which
+    refuses what it does not enforce, refuses it too."""
     from locals.errors import RequestError
 
-    schema = {"type": "string" if key == "maxLength" else "array", key: 2**31}
-    with pytest.raises(RequestError, match=f"{key} 2147483648, over 10,000"):
-        schema_regex(schema, label="format")
-    schema_regex({**schema, key: 10_000}, label="format")  # the regex is written; compiling it is another matter
+    with pytest.raises(RequestError, match="minItems 2147483648, over 10,000"):
+        schema_regex({"type": "array", "minItems": 2**31}, label="format")
+    assert schema_regex({"type": "string", "maxLength": 2**31}, label="tool") == schema_regex({"type": "string"},
+                                                                                             label="tool")
+    with pytest.raises(RequestError, match="maxLength 2147483648, over 10,000"):
+        schema_regex({"type": "string", "maxLength": 2**31}, label="format", strict=True)
+    schema_regex({"type": "array", "minItems": 10_000}, label="format")  # the regex is written; compiling it is another matter
     with pytest.raises(ValueError, match="repeats a part 2147483647 times, over 10,000"):
         pattern_regex("a{2147483647}")
+
+
+def test_allof_patterns_that_only_count_and_only_choose_characters_are_merged():
+    # Claude Code's SendMessage `to`: one line, at most 300 characters, as two allOf patterns.
+    merged = schema_regex({"type": "string", "allOf": [{"pattern": "^[^\\n\\r]*$"},
+                                                       {"pattern": "^[\\s\\S]{0,300}$"}]}, label="tool")
+    assert merged == schema_regex({"type": "string", "pattern": "^[^\\n\\r]{0,300}$"}, label="tool")
+    assert intersect_patterns("^[\\s\\S]{2,5}$", "^\\d+$") == "^\\d{2,5}$"
+    assert intersect_patterns("^[\\s\\S]{0,5}$", "^x+$") == "^x{1,5}$"
+    assert intersect_patterns("^[\\s\\S]{0}$", "^x+$") is None  # nothing matches both
+    assert intersect_patterns("^a*$", "^b*$") is None
+    from locals.errors import RequestError
+
+    with pytest.raises(RequestError, match="sets 'pattern' differently from another allOf part"):
+        schema_regex({"type": "string", "allOf": [{"pattern": "^a*$"}, {"pattern": "^b*$"}]}, label="tool")

@@ -261,3 +261,28 @@ def _pattern_regex(pattern: str, banned: str, no_null: bool) -> str:
         raise ValueError(f"its pattern allows no text without {banned!r}" if banned else
                          "its pattern allows no text")
     return regex(tree)
+
+
+# `^[\s\S]{m,n}$` and its spellings: any characters, a count only (a length limit written as a pattern).
+_COUNT_ONLY = re.compile(r"\^\[(\\s\\S|\\S\\s|\\w\\W|\\W\\w|\\d\\D|\\D\\d)\]"
+                         r"(?P<count>\*|\+|\{\d+\}|\{\d*,\d*\})\$")
+# `^C*$` / `^C+$` for one character class, escape or plain character.
+_ONE_CLASS = re.compile(r"\^(?P<atom>\[(?:\\.|[^\]\\])+\]|\\[dDwWsS]|\.|[^\\\[\](){}|*+?.^$])(?P<count>\*|\+)\$")
+
+
+def intersect_patterns(a: str, b: str) -> str | None:
+    """One pattern matching what both match, where one only counts characters of any kind and
+    the other repeats one character class (`^[^\\n]*$` and `^[\\s\\S]{0,300}$` give
+    `^[^\\n]{0,300}$`, as Claude Code's tools write them); None for any other pair."""
+    for count_only, other in ((a, b), (b, a)):
+        limit, one = _COUNT_ONLY.fullmatch(count_only), _ONE_CLASS.fullmatch(other)
+        if limit and one:
+            count = limit.group("count")
+            if one.group("count") == "+" and count in ("{0}", "{,0}", "{0,0}"):
+                return None  # nothing matches both: refused as before
+            if one.group("count") == "+" and count in ("*", "{0,}"):
+                count = "+"
+            elif one.group("count") == "+" and count.startswith("{0,"):
+                count = "{1," + count[3:]
+            return f"^{one.group('atom')}{count}$"
+    return None

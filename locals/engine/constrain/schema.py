@@ -18,7 +18,7 @@ import jsonschema
 from outlines_core.json_schema import NUMBER, STRING, STRING_INNER, build_regex_from_schema
 
 from locals.engine.constrain.freetext import json_string_body
-from locals.engine.constrain.pattern import pattern_regex
+from locals.engine.constrain.pattern import intersect_patterns, pattern_regex
 from locals.errors import RequestError
 
 UNSUPPORTED = ("not", "if", "then", "else", "contains", "dependentSchemas", "propertyNames",
@@ -76,11 +76,7 @@ class _Rewriter:
             if key in node:
                 raise self.fail(path, f"uses '{key}', which constrained decoding does not support; "
                                       "remove it or describe the rule in the description instead")
-        for key in BOUNDS:
-            bound = node.get(key)
-            if isinstance(bound, (int, float)) and not isinstance(bound, bool) and bound > MAX_BOUND:
-                raise self.fail(path, f"has {key} {bound}, over {MAX_BOUND:,}: its automaton would not fit in "
-                                      "memory; lower it or leave it out")
+        node = self.large_bounds(node, path)
         if "allOf" in node:
             node = self.merge_all_of(node, path)
         if self.strict:  # after the merge: a rule inside an allOf part counts too
@@ -94,6 +90,19 @@ class _Rewriter:
             else:
                 out[key] = self.rewrite(value, f"{path}/{key}")
         return self.free_form(self.integer_range(self.pattern(out, path), path), path)
+
+    def large_bounds(self, node: dict, path: str) -> dict:
+        """A length or count bound over MAX_BOUND would be unrolled into an automaton too large
+        to build (`maxLength` 2**31 exhausted memory). A minimum is refused; a maximum is left to
+        the reply's token limit (Claude Code's Workflow tool: `maxLength` 524,288), except in a
+        strict schema, which refuses what it does not enforce."""
+        large = [key for key in BOUNDS if isinstance(node.get(key), (int, float))
+                 and not isinstance(node[key], bool) and node[key] > MAX_BOUND]
+        refused = [key for key in large if self.strict or key.startswith("min")]
+        if refused:
+            raise self.fail(path, f"has {refused[0]} {node[refused[0]]}, over {MAX_BOUND:,}: its automaton "
+                                  "would not fit in memory; lower it or leave it out")
+        return {k: v for k, v in node.items() if k not in large} if large else node
 
     def refuse_unenforced(self, node: dict, path: str) -> None:
         """Rules a strict schema states that the automaton would silently not enforce."""
@@ -165,6 +174,9 @@ class _Rewriter:
                     merged["properties"] = props
                 elif key == "required":
                     merged["required"] = list(dict.fromkeys([*merged.get("required", []), *value]))
+                elif key == "pattern" and key in merged and merged[key] != value and \
+                        (both := intersect_patterns(merged[key], value)) is not None:
+                    merged[key] = both
                 elif key in merged and merged[key] != value and key not in ("description", "title"):
                     raise self.fail(f"{path}/allOf/{i}", f"sets '{key}' differently from another allOf "
                                                          "part; merge the parts by hand")
