@@ -11,10 +11,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from locals.cli.common import console, console_err, load_with_spinner, prepare_model_process
+from locals.cli.common import console, load_with_spinner, prepare_model_process, progress_bar
 from locals.errors import LocalsError
 
 
@@ -55,9 +54,8 @@ def _measure(loaded, batches: list[int], tokens: int, prompt_len: int, rounds: i
     engine = Engine(loaded, EngineConfig(prefix_cache_bytes=0, max_batch=max(batches)))
     engine.start()
     rows = []
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     try:
-        with Progress(*columns, console=console_err, transient=True) as progress:
+        with progress_bar() as progress:
             task = progress.add_task("benchmarking", total=len(batches) * (rounds + 1) * 2)
             for batch in batches:
                 prompts = bench_prompts(loaded.tokenizer, batch, prompt_len, seed=batch)

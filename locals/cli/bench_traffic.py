@@ -13,10 +13,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from locals import settings
-from locals.cli.common import console, console_err
+from locals.cli.common import console, console_err, progress_bar
 from locals.errors import LocalsError
 from locals.traffic import servers as srv
 from locals.traffic.run import portable
@@ -116,8 +115,7 @@ def traffic_bench(model: str | None, plan_args: dict, wanted: list[str] | None, 
         plan = Plan(servers=tuple(specs), **plan_args)
         extra = {"model": portable(name), "backend": backend.kind, "weights": weights, "command": sys.argv[1:],
                  "machine": machine_info(), "other_cpu_percent_before": busy_before, "logs": log_dir.name}
-        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-        with Progress(*columns, console=console_err, transient=True) as progress:
+        with progress_bar() as progress:
             task = progress.add_task("starting", total=plan.rounds * len(specs) * len(plan.agents))
 
             def on_phase(label: str | None) -> None:

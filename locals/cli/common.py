@@ -8,6 +8,14 @@ console = Console()
 console_err = Console(stderr=True)
 
 
+def progress_bar():
+    """The bar long commands show on stderr: the current step, a bar, done of total, time taken."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console_err, transient=True)
+
+
 def prepare_model_process() -> None:
     """Commands that run a model call this first: on Linux it may re-exec with OpenBLAS."""
     from locals.engine.load.backend import reexec_with_fast_blas

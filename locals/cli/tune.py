@@ -13,10 +13,9 @@ import time
 from typing import Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from locals.cli.common import console, console_err, load_with_spinner, prepare_model_process
+from locals.cli.common import console, console_err, load_with_spinner, prepare_model_process, progress_bar
 from locals.errors import LocalsError
 
 
@@ -99,10 +98,9 @@ def tune(
     report: bool = typer.Option(False, "--report", help="Only show what is stored for this chip."),
 ) -> None:
     """Verify every candidate kernel on this chip, time it per layer shape and batch size, keep the fastest."""
-    from locals.engine.forward.fuse import fuse_projections
-    from locals.engine.kernels.tuning.tuner import current_chip, default_candidates, load_table, model_problems, save_table
+    from locals.engine.kernels.tuning.tuner import current_chip, default_candidates, load_table, new_table, save_table
     from locals.engine.kernels.tuning.tuner import tune as run_tuning
-    from locals.engine.kernels.tuning.tuner import new_table, tuning_rows
+    from locals.engine.kernels.tuning.tuner import tuning_rows
 
     if report:
         _report()
@@ -116,17 +114,11 @@ def tune(
         if not pool:
             raise LocalsError(f"--only {only!r} matches no candidate on this device; `locals tune --report` "
                               "lists the names tuning chose before")
-    if shape:
-        problems = [_parse_shape(s, bits, group_size, dtype) for s in shape]
-    else:
-        prepare_model_process()
-        loaded_model = load_with_spinner(model).model
-        fuse_projections(loaded_model)  # the engine serves (and so tunes) the joined linears
-        problems = model_problems(loaded_model)
-        if not problems:
-            console.print("This model has no quantized layers on this device (the CPU backend runs dense "
-                          "weights), so there is nothing to tune: MLX's own ops are used.")
-            return
+    problems = [_parse_shape(s, bits, group_size, dtype) for s in shape] if shape else _model_problems(model)
+    if not problems:
+        console.print("This model has no quantized layers on this device (the CPU backend runs dense "
+                      "weights), so there is nothing to tune: MLX's own ops are used.")
+        return
     table = (None if fresh else load_table()) or new_table()
     rows_asked = row_list or tuning_rows(current_chip()[0])
     pairs = sum(1 for p in problems for m in rows_asked if str(m) not in table.choices.get(p.key, {}))
@@ -144,6 +136,17 @@ def tune(
     if not table.complete:
         console_err.print("[yellow]stopped early:[/yellow] what was measured is saved; run "
                           "`locals tune` again to resume")
+
+
+def _model_problems(model: str | None) -> list:
+    """The quantized layers of `model` as the engine serves them (q/k/v and gate/up joined)."""
+    from locals.engine.forward.fuse import fuse_projections
+    from locals.engine.kernels.tuning.tuner import model_problems
+
+    prepare_model_process()
+    loaded_model = load_with_spinner(model).model
+    fuse_projections(loaded_model)  # the engine serves (and so tunes) the joined linears
+    return model_problems(loaded_model)
 
 
 def _report() -> None:
@@ -180,8 +183,7 @@ def tuning_progress(pairs: int):
 
         yield line, lambda: done.__setitem__(0, done[0] + 1)
         return
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=console_err, transient=True) as bar:
+    with progress_bar() as bar:
         task = bar.add_task("verifying kernels…", total=pairs)
         yield (lambda msg: bar.update(task, description=msg[:60])), (lambda: bar.advance(task))
 

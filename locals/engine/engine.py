@@ -467,8 +467,7 @@ class Engine:
                 slot.seq.finish("error", f"engine step failed: {exc}")
             return
         now = time.perf_counter()
-        self.counters.note_step(now - step.started, len(step.slots), step.prefill_tokens,
-                                self.runner.compiled.uncompiled_passes)
+        self.counters.note_step(now - step.started, step, self.runner.compiled.uncompiled_passes)
         self.counters.decode.add(step.emitted, now, step.started)
         self.counters.drafted_tokens_total += step.drafted
         self.counters.accepted_tokens_total += step.accepted

@@ -64,10 +64,11 @@ class Counters:
     decode: RateMeter = field(default_factory=RateMeter)
     prefill: RateMeter = field(default_factory=RateMeter)
 
-    def note_step(self, took: float, rows: int, prompt_tokens: int, uncompiled_passes: int) -> None:
-        """Keep the slowest step's time; count and log a slow one."""
+    def note_step(self, took: float, step, uncompiled_passes: int) -> None:
+        """Keep the slowest step's time; count and log a slow one (`step`: step.Launched, its rows
+        and prompt tokens)."""
         self.slowest_step_s = max(self.slowest_step_s, took)
         if took >= SLOW_STEP_S:
             self.slow_steps += 1
-            log.info("slow step: %.1f s (%d rows, %d prompt tokens; %d passes uncompiled so far)", took, rows,
-                     prompt_tokens, uncompiled_passes)
+            log.info("slow step: %.1f s (%d rows, %d prompt tokens; %d passes uncompiled so far)", took,
+                     len(step.slots), step.prefill_tokens, uncompiled_passes)

@@ -4,6 +4,8 @@ batch sizes run no pass uncompiled; their tokens are those of an engine that com
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from locals.engine.engine import Engine
@@ -65,10 +67,10 @@ def test_after_compiling_ahead_requests_run_no_pass_uncompiled(tiny_llama):
 
 def test_a_slow_step_is_counted_and_logged_with_its_shape(caplog):
     counters = Counters()
-    counters.note_step(0.05, rows=3, prompt_tokens=0, uncompiled_passes=0)
+    counters.note_step(0.05, SimpleNamespace(slots=[1, 2, 3], prefill_tokens=0), uncompiled_passes=0)
     assert counters.slow_steps == 0 and counters.slowest_step_s == 0.05 and not caplog.records
     with caplog.at_level("INFO", logger="locals.engine.engine"):
-        counters.note_step(SLOW_STEP_S + 0.5, rows=8, prompt_tokens=248, uncompiled_passes=2)
+        counters.note_step(SLOW_STEP_S + 0.5, SimpleNamespace(slots=list(range(8)), prefill_tokens=248), 2)
     assert counters.slow_steps == 1 and counters.slowest_step_s == SLOW_STEP_S + 0.5
     assert "slow step: 2.5 s (8 rows, 248 prompt tokens; 2 passes uncompiled so far)" in caplog.text
 
