@@ -3,9 +3,13 @@ same random-weight Qwen3-4B-shaped 4-bit model (full 151,936-token vocabulary, a
 tokenizer covering it), driven over HTTP by agent-shaped traffic — what `locals bench` runs,
 on a model written for the occasion (benchmarks/random_folder.py).
 
-    python benchmarks/serve_traffic.py                      # H200: 1/8/16 agents x 3 rounds, ~8 min
-    python benchmarks/serve_traffic.py --quick              # 1/8 agents x 2 rounds, ~3 min
+    python benchmarks/serve_traffic.py --agents 8 --rounds 1 --kernels K  # H200, fresh: ~7 min
+    python benchmarks/serve_traffic.py --agents 8 --kernels K   # then 3 rounds on the kept kernels
     python benchmarks/serve_traffic.py --shape qwen3-tiny --quick   # tries the script on a CPU
+
+On a fresh GPU each server's first round is mostly MLX compiling its CUDA kernels (minutes), so
+a cold round and warm rounds rarely fit one 10-minute device command: `--kernels` keeps each
+server's kernel folder between runs (the report counts the files each held at its start).
 
 Scaling (stated in the report's workload): full prompt and reply sizes (2–4k-token system
 prompt, 100–1,500 tokens a turn, replies of 50–400, bursts of 256), 2 turns an agent before
@@ -47,6 +51,10 @@ def _args() -> argparse.Namespace:
                         help="start no server round that would likely end after this (default 8.5: a device "
                              "command stops at 10 minutes, and the model is written first)")
     parser.add_argument("--quick", action="store_true", help="1/8 agents, 2 rounds, 1 turn, sizes x 0.5")
+    parser.add_argument("--kernels", type=Path, default=None,
+                        help="GPU: keep each server's CUDA kernel folder under this folder; a later run given "
+                             "the same folder starts warm, as a machine does after its first start (default: "
+                             "empty folders, a fresh machine)")
     parser.add_argument("--out", type=Path, default=None, help="report file or folder (default benchmarks/results/)")
     args = parser.parse_args()
     if args.quick:
@@ -83,7 +91,7 @@ def main() -> None:
         t0 = time.perf_counter()
         folder = write_random_qwen3(Path(scratch) / args.shape, args.shape, seed=args.seed)
         print(f"random {args.shape} 4-bit written in {time.perf_counter() - t0:.0f} s", flush=True)
-        traffic_bench(str(folder), plan_args, parse_servers(args.servers), path, busy)
+        traffic_bench(str(folder), plan_args, parse_servers(args.servers), path, busy, args.kernels)
     print(f"total {time.perf_counter() - t0:.0f} s", flush=True)
 
 

@@ -97,13 +97,15 @@ def render_page(results: list[Result]) -> str:
     """docs/benchmarks.md for these result files."""
     out = [page_text.TOP.format(command=COMMAND), "Contents: " + " · ".join(
         f"[{heading}](#{anchor(heading)})" for heading in HEADINGS.values()) + "."]
+    shown = {p.name for p in PARTS}
     for part in PARTS:
         sec = part.render(results)
         out += [f"## {part.heading}", page_text.INTRO[part.name]]
         if sec.files:
             out.append(_runs_line(sec.files))
         out += sec.parts
-    index = diagnostics(results, {p.name for p in PARTS})
+        shown |= {f.benchmark for f in sec.files}
+    index = diagnostics(results, shown)
     out += [f"## {HEADINGS[DIAGNOSTICS]}", page_text.INTRO[DIAGNOSTICS], *index.parts]
     return "\n\n".join(out) + "\n"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from locals.traffic.report import rounds_done, rounds_text
 from paper.markdown import table
 from paper.results import DEVICE_LABEL, Result, fmt, med, of
 from paper.sections_runs import PARSE_COMMAND, PARSE_KEY, newest_parse_rate
@@ -46,7 +47,8 @@ def _served_rows(results: list[Result], link: Link, llama: bool) -> list[list[st
         for key, figure, unit, digits in (("output_tps", "served output", "tok/s", 1),
                                           ("ttft_p50_s", "served TTFT p50", "s", 2)):
             n, values = headline(f, key)
-            rows.append(_row(f"{figure}, {n} agent{'s' if n > 1 else ''}, {unit}", machine,
+            short = f", {rounds_text(f.data)}" if rounds_done(f.data) < f.data.get("rounds", 0) else ""
+            rows.append(_row(f"{figure}, {n} agent{'s' if n > 1 else ''}{short}, {unit}", machine,
                              {s: fmt(v, digits) for s, v in values.items()}, _ratio(values.get(OURS), values.get(PEER)),
                              f.command(), link("served_traffic"), llama))
     return rows

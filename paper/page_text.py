@@ -17,14 +17,13 @@ How each run was read and the measurements behind the engine's choices are in
 
 INTRO = {
     "served_traffic": """What a client gets: `locals serve` against `mlx_lm.server` (and llama.cpp's server where
-it runs), each a fresh process per round on the same weights, driven over HTTP by agent-shaped
-traffic — staggered agents sharing a system prompt, turns of varied length, tools offered to half
-of them, tool time between turns, then a burst where every agent asks at once. The figures and
-options are described in [bench.md](bench.md); the in-process sections below are diagnostics.
+it runs), fresh processes on the same weights, driven over HTTP by agent-shaped traffic
+(staggered agents sharing a system prompt, turns of varied length, tools, tool time, then a
+burst where all ask at once; [bench.md](bench.md)). The sections below it are diagnostics.
 
 ```
-python benchmarks/serve_traffic.py            # a GPU: random-weight Qwen3-4B shape, 1/8/16 agents x 3 rounds
-locals bench --out benchmarks/results/        # this machine's default model (the embedded SmolLM2 on a CPU)
+python benchmarks/serve_traffic.py --agents 8 --kernels K   # a GPU: random-weight Qwen3-4B shape (see --help)
+locals bench --out benchmarks/results/                      # this machine's default model (SmolLM2 on a CPU)
 ```""",
     "batch_decode": """locals' engine against mlx-lm's `BatchGenerator` in one process: same prompts, interleaved
 rounds, every request decoding exactly `--tokens` tokens. It isolates the decode loop; what a

@@ -27,20 +27,12 @@ CONSTRAINT_LABELS = {
     "one_tool_call_qwen3_coder": ("compile: one tool call, Qwen3-Coder XML", 1.0, " s"),
     "one_tool_call_llama3_json": ("compile: one tool call, llama3_json", 1.0, " s"),
     "first_seen_24_tools": ("first-seen 24-tool set ready", 1.0, " s"),
-    "one_tool_transitions_json_tools": ("transitions: one tool call, hermes json_tools", 1.0, ""),
-    "one_tool_transitions_qwen3_coder": ("transitions: one tool call, Qwen3-Coder XML", 1.0, ""),
     "one_tool_call_qwen3_coder_inline": ("compile: one tool call, Qwen3-Coder XML, values inline (before)", 1.0, " s"),
-    "one_tool_transitions_qwen3_coder_inline": ("transitions: Qwen3-Coder XML, values inline (before)", 1.0, ""),
-    "one_tool_transitions_llama3_json": ("transitions: one tool call, llama3_json", 1.0, ""),
     "all_calls_compiled_24_tools": ("compile: every call of 24 coding tools, hermes", 1.0, " s"),
-    "all_calls_transitions_24_tools": ("transitions: every call of 24 coding tools, hermes", 1.0, ""),
     "first_seen_24_edit_tools_json_tools": ("first-seen 24 edit tools ready, hermes", 1.0, " s"),
     "all_calls_compiled_24_edit_tools_json_tools": ("compile: every call of 24 edit tools, hermes", 1.0, " s"),
-    "all_calls_transitions_24_edit_tools_json_tools": ("transitions: every call of 24 edit tools, hermes", 1.0, ""),
     "first_seen_24_edit_tools_qwen3_coder": ("first-seen 24 edit tools ready, Qwen3-Coder XML", 1.0, " s"),
     "all_calls_compiled_24_edit_tools_qwen3_coder": ("compile: every call of 24 edit tools, Qwen3-Coder XML", 1.0, " s"),
-    "all_calls_transitions_24_edit_tools_qwen3_coder": ("transitions: every call of 24 edit tools, Qwen3-Coder XML",
-                                                        1.0, ""),
     "engine_s_per_step_free": ("engine: step, no row constrained", 1.0, " s"),
     "engine_s_per_step_constrained": ("engine: step, every row constrained (with jump-forward tokens)", 1.0, " s"),
     "engine_tokens_per_s_free": ("engine: tokens/s, no row constrained", 1.0, " tok/s"),
@@ -56,10 +48,25 @@ CONSTRAINT_LABELS = {
 
 def _metric(key: str, value: float) -> str:
     _, scale, unit = CONSTRAINT_LABELS.get(key, (key, 1.0, ""))
-    if key.startswith(("one_tool_transitions", "all_calls_transitions", "engine_taken_back")):
+    if key == "engine_taken_back_tokens":
         return f"{int(value):,}"
     digits = 1 if unit in ("%", " ms", " tok/s") else 2 if unit == "×" else 3
     return f"{value * scale:.{digits}f}{unit}"
+
+
+def _compile_key(key: str) -> str | None:
+    """The compile time a transition count belongs to (their cells are shown together)."""
+    for count, compiled in (("one_tool_transitions_", "one_tool_call_"), ("all_calls_transitions_", "all_calls_compiled_")):
+        if key.startswith(count):
+            return compiled + key[len(count):]
+    return None
+
+
+def _with_transitions(key: str, values: dict) -> str:
+    if key not in values:
+        return "–"
+    count = next((k for k in values if _compile_key(k) == key), None)
+    return _metric(key, values[key]) + (f" ({int(values[count]):,} transitions)" if count else "")
 
 
 def _newest_values(files: list[Result]) -> tuple[dict, list[Result]]:
@@ -86,9 +93,9 @@ def constraint(results: list[Result], prefix: str = "generated/") -> Section:
             sec.parts.append(not_measured("constraint", device, "python benchmarks/constraint.py"))
     if not found:
         return sec
-    keys = list(dict.fromkeys(k for values in found.values() for k in values))
-    body = [[CONSTRAINT_LABELS.get(k, (k,))[0],
-             *[_metric(k, values[k]) if k in values else "–" for values in found.values()]] for k in keys]
+    # Keys without a label are the benchmark's own diagnostics (in its JSON, not in this table).
+    keys = list(dict.fromkeys(k for values in found.values() for k in values if k in CONSTRAINT_LABELS))
+    body = [[CONSTRAINT_LABELS[k][0], *[_with_transitions(k, values) for values in found.values()]] for k in keys]
     first = sec.files[0].data
     sec.parts[:0] = [
         f"**Table: cost of constrained decoding** — {first.get('model')}, B = {first.get('batch')}, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from locals.traffic.report import rounds_text
 from paper.markdown import Section, table
 from paper.results import DEVICE_LABEL, Result, fmt, fmt_range, med, of, source_line
 
@@ -116,8 +117,18 @@ def _caption(f: Result) -> str:
             if isinstance(busy, (int, float)) and busy > BUSY_PERCENT else "")
     return (f"**Table: served traffic, {DEVICE_LABEL[f.device]}** — {machine_label(f)}; "
             f"{model_label(served_model(f))}, the same weights for every server; {_workload(f)}. "
-            f"Median (range) over {_count(f.data.get('rounds'), 'round')} (TTFT and gap pairs: medians); "
-            f"{OURS} / peer of the medians, below 1 better for times, above 1 for rates.{warn}")
+            f"Median (range) over {rounds_text(f.data)} (TTFT and gap pairs: medians); "
+            f"{OURS} / peer of the medians, below 1 better for times, above 1 for rates.{_kernels(f)}{warn}")
+
+
+def _kernels(f: Result) -> str:
+    """Whether the GPU servers started on empty CUDA kernel folders (a fresh machine) or kept ones."""
+    held = f.data.get("kernel_folders")
+    if not held:
+        return ""
+    if not any(held.values()):
+        return " Each server's CUDA kernel folder was empty at the start: its first round compiled its kernels."
+    return " Each server's CUDA kernel folder was kept from an earlier run (warm starts)."
 
 
 def served_traffic(results: list[Result]) -> Section:

@@ -56,8 +56,10 @@ def _blas_env(backend) -> dict[str, str]:
     return {"LD_PRELOAD": ":".join(p for p in (lib, preload) if p)}
 
 
-def server_specs(name: str, backend, scratch: Path, wanted: list[str] | None) -> tuple[list, dict]:
-    """(specs, what weights each runs) for `name` on this machine."""
+def server_specs(name: str, backend, scratch: Path, wanted: list[str] | None,
+                 kernels: Path | None = None) -> tuple[list, dict]:
+    """(specs, what weights each runs) for `name` on this machine; on CUDA each server's kernel
+    folder is under `kernels` (kept by the caller) or, by default, empty under `scratch`."""
     from locals.engine.load.export import export_mlx
     from locals.engine.load.models import fetch_weights, resolve
 
@@ -84,7 +86,7 @@ def server_specs(name: str, backend, scratch: Path, wanted: list[str] | None) ->
         # shared): one per server, kept across its rounds, so each server's first round compiles
         # its own kernels, as on a fresh machine, and neither finds the other's.
         for server, spec in specs.items():
-            spec.env["MLX_PTX_CACHE_DIR"] = str(scratch / f"cuda-kernels-{server}")
+            spec.env["MLX_PTX_CACHE_DIR"] = str((kernels or scratch) / f"cuda-kernels-{server}")
     if kind == "gguf" and srv.llama_cpp_available():
         specs["llama.cpp"] = srv.llama_cpp_server(target, context=0, threads=os.cpu_count() or 1)
         weights["llama.cpp"] = f"{portable(target)} (its own GGUF kernels)"
@@ -97,9 +99,17 @@ def server_specs(name: str, backend, scratch: Path, wanted: list[str] | None) ->
     return [specs[n] for n in wanted], {n: weights[n] for n in wanted}
 
 
+def _kernel_folders(specs) -> dict[str, int]:
+    """How many files each server's CUDA kernel folder held at the start (0: a fresh machine)."""
+    folders = {spec.name: Path(spec.env["MLX_PTX_CACHE_DIR"]) for spec in specs if "MLX_PTX_CACHE_DIR" in spec.env}
+    return {name: sum(1 for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+            for name, folder in folders.items()}
+
+
 def traffic_bench(model: str | None, plan_args: dict, wanted: list[str] | None, path: Path,
-                  busy_before: float) -> None:
-    """Run the served-traffic benchmark, save the report to `path` as it goes, print the table."""
+                  busy_before: float, kernels: Path | None = None) -> None:
+    """Run the served-traffic benchmark, save the report to `path` as it goes, print the table.
+    `kernels`: where each server's CUDA kernel folder is kept between runs (default: empty ones)."""
     from locals.engine.bench import machine_info
     from locals.engine.load import backend as backend_mod
     from locals.engine.load import catalog
@@ -111,10 +121,11 @@ def traffic_bench(model: str | None, plan_args: dict, wanted: list[str] | None, 
     name = model or catalog.default_alias(backend.kind, backend.memory_bytes)
     log_dir = path.with_name(path.stem + "-logs")
     with tempfile.TemporaryDirectory(prefix="locals-bench-") as scratch:
-        specs, weights = server_specs(name, backend, Path(scratch), wanted)
+        specs, weights = server_specs(name, backend, Path(scratch), wanted, kernels)
         plan = Plan(servers=tuple(specs), **plan_args)
         extra = {"model": portable(name), "backend": backend.kind, "weights": weights, "command": sys.argv[1:],
-                 "machine": machine_info(), "other_cpu_percent_before": busy_before, "logs": log_dir.name}
+                 "machine": machine_info(), "other_cpu_percent_before": busy_before, "logs": log_dir.name,
+                 "kernel_folders": _kernel_folders(specs) if backend.kind == "cuda" else None}
         with progress_bar() as progress:
             task = progress.add_task("starting", total=plan.rounds * len(specs) * len(plan.agents))
 

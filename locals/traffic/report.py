@@ -143,12 +143,24 @@ def _cell(s: dict | None, decimals: int) -> str:
     return f"{s['median']:.{decimals}f} ({s['min']:.{decimals}f}–{s['max']:.{decimals}f})"
 
 
+def rounds_done(report: dict) -> int:
+    """How many rounds the summary holds (fewer than asked where the time limit skipped some)."""
+    return max((s.get("n", 0) for server in report.get("summary", {}).values() for group in server.values()
+                for s in group.values() if isinstance(s, dict)), default=0)
+
+
+def rounds_text(report: dict) -> str:
+    done, asked = rounds_done(report), report.get("rounds")
+    noun = "round" if done == 1 else "rounds"
+    return f"{done} {noun}" if done == asked or not asked else f"{done} {noun} ({asked} asked)"
+
+
 def table(report: dict) -> Table:
     """Servers side by side: median (range) over rounds, then locals / each peer."""
     summaries, rates = report["summary"], report["ratios"]
     servers = list(summaries)
     peers = [s for s in servers if s != "locals"]
-    out = Table(title=f"served traffic · median (range) over {report['rounds']} rounds")
+    out = Table(title=f"served traffic · median (range) over {rounds_text(report)}")
     out.add_column("agents", justify="right")
     out.add_column("figure")
     for name in servers:
