@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from locals.daemon import STOP_TIMEOUT_S
 from locals.traffic.servers import free_port
 
 from e2e.daemon import MODEL, LocalsServer
@@ -98,7 +99,9 @@ def tools_server(tmp_path_factory, locals_server):
     started = server.cli("start", "--model", MODEL, "--port", str(server.port))
     assert started.returncode == 0, started.stderr
     yield server
-    server.cli("stop", "--port", str(server.port), timeout=60)
+    # A tool stopped mid-request can leave the engine in a long prompt step (minutes on a CPU at
+    # 12k tokens): `locals stop` waits STOP_TIMEOUT_S for it, then kills the server.
+    server.cli("stop", "--port", str(server.port), timeout=STOP_TIMEOUT_S + 30)
 
 
 @pytest.mark.timeout(TIMEOUT_S + 120)

@@ -25,6 +25,8 @@ def pytest_addoption(parser):
                     help="kill -9 rounds of the crash-while-writing test (default 30)")
     group.addoption("--churn-minutes", type=float, default=10.0,
                     help="how long the 64-client churn test runs (default 10)")
+    group.addoption("--fuzz-batches", type=int, default=640,
+                    help="batches of 8 fuzzed bodies sent to a real daemon (default 640: 5,120 bodies)")
 
 
 def pytest_configure(config):

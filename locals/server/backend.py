@@ -189,7 +189,8 @@ class Backend:
             if not tokens:  # a model without a start token has nothing to continue from
                 raise RequestError("`prompt` is empty: send the text the model should continue")
         else:
-            tokens = self._fit(chat, self.encode_chat(chat.messages or [], chat.tools, chat.continue_final))
+            tokens = self._fit(chat, self._brief(chat, self.encode_chat(chat.messages or [], chat.tools,
+                                                                       chat.continue_final)))
             points = self._boundaries(self.loaded, chat.messages or [], chat.tools, tokens)
         sampling = chat.sampling
         if self.context_length:
@@ -210,12 +211,29 @@ class Backend:
                                  cache_points=points,
                                  meta={"api": chat.api, "raw": chat.prompt is not None or chat.continue_final})
 
+    def _short_of_room(self, chat: Chat, tokens: list[int]) -> bool:
+        """Whether the prompt leaves its reply too little of the window (overflow.needs_trimming)."""
+        reply = min(chat.sampling.max_tokens, self.max_tokens or chat.sampling.max_tokens)
+        return bool(self.context_length) and overflow.needs_trimming(len(tokens), self.context_length, reply)
+
+    def _brief(self, chat: Chat, tokens: list[int]) -> list[int]:
+        """A prompt that leaves its reply too little room rendered with the tools' descriptions
+        cut to their first paragraph (chat.tools replaced, logged); otherwise `tokens` as they are."""
+        if not (chat.tools and self._short_of_room(chat, tokens)):
+            return tokens
+        brief = overflow.briefed(chat.tools)
+        if brief is None:
+            return tokens
+        shorter = self.encode_chat(chat.messages or [], brief, chat.continue_final)
+        log.warning("%s prompt of %d tokens is %d with its %d tools' descriptions cut to their first paragraph "
+                    "(the %d-token context)", chat.api, len(tokens), len(shorter), len(brief), self.context_length)
+        chat.tools = brief
+        return shorter
+
     def _fit(self, chat: Chat, tokens: list[int]) -> list[int]:
         """Under the overflow policy `trim`, a conversation that leaves its reply too little room
         trimmed (chat.messages replaced, what went logged); otherwise `tokens` as they are."""
-        reply = min(chat.sampling.max_tokens, self.max_tokens or chat.sampling.max_tokens)
-        if ((chat.overflow or self.overflow) != "trim" or not self.context_length
-                or not overflow.needs_trimming(len(tokens), self.context_length, reply)):
+        if (chat.overflow or self.overflow) != "trim" or not self._short_of_room(chat, tokens):
             return tokens
         fitted = overflow.fit(
             chat.messages or [], lambda messages: self.encode_chat(messages, chat.tools, chat.continue_final),

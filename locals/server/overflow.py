@@ -8,7 +8,10 @@ first: each older tool result's text becomes a marker saying how many tokens it 
 if that is not enough, older exchanges go whole. Like llama.cpp's context shift it frees
 more than the overflow at once (down to TRIM_TO of the window), so the next turns fit
 without trimming again and the trimmed prompt's prefix stays in the prefix cache meanwhile.
-Pure functions over template-shaped messages: the caller renders and tokenizes.
+Before either policy, a prompt whose tools' descriptions push it past the room is rendered
+with each description cut to its first paragraph (`briefed`): no message is lost, and the
+conversation may then fit (Claude Code on a 16k window). Pure functions over template-shaped
+messages and tools: the caller renders and tokenizes.
 """
 
 from __future__ import annotations
@@ -60,6 +63,21 @@ def policy_of_truncation(value) -> str | None:
         raise RequestError("`truncation` must be \"auto\" (drop the oldest tool results when the "
                            "conversation outgrows the context) or \"disabled\"")
     return TRUNCATION[value]
+
+
+def briefed(tools: list[dict]) -> list[dict] | None:
+    """The tools with each description cut to its first paragraph (the later ones are usage
+    notes and examples: Claude Code's 21 tools take ~16,100 tokens, ~6,900 briefed); None when no
+    description has more than one."""
+    out, cut = [], False
+    for tool in tools:
+        function = tool.get("function") or {}
+        text = function.get("description")
+        if isinstance(text, str) and "\n\n" in text.strip():
+            tool = {**tool, "function": {**function, "description": text.strip().split("\n\n", 1)[0]}}
+            cut = True
+        out.append(tool)
+    return out if cut else None
 
 
 def needs_trimming(prompt: int, context: int, max_tokens: int) -> bool:

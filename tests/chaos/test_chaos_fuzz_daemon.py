@@ -19,7 +19,6 @@ from tests.chaos.fuzz_driver import FuzzDriver
 
 
 BATCH = 8
-BATCHES = 640  # 5,120 bodies
 
 
 def _fuzz(driver: FuzzDriver, batches: int) -> None:
@@ -48,11 +47,11 @@ def _lying_lengths(daemon) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.timeout(0)  # tens of minutes on a CPU
-def test_five_thousand_fuzzed_bodies_against_a_daemon(daemons, tmp_path):
+def test_five_thousand_fuzzed_bodies_against_a_daemon(daemons, tmp_path, request):
     daemon = daemons(tmp_path / "home", "--max-tokens", "8")
     driver = FuzzDriver(daemon.url)
     try:
-        _fuzz(driver, BATCHES)
+        _fuzz(driver, request.config.getoption("--fuzz-batches", 640))
         driver.tally.problems += _lying_lengths(daemon)
         driver.tally.problems += driver.batch([])  # still serving after the lying headers
     finally:

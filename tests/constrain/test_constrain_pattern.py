@@ -167,9 +167,14 @@ def test_a_bound_too_large_to_unroll_never_reaches_the_compiler():
 
 def test_allof_patterns_that_only_count_and_only_choose_characters_are_merged():
     # Claude Code's SendMessage `to`: one line, at most 300 characters, as two allOf patterns.
-    merged = schema_regex({"type": "string", "allOf": [{"pattern": "^[^\\n\\r]*$"},
-                                                       {"pattern": "^[\\s\\S]{0,300}$"}]}, label="tool")
-    assert merged == schema_regex({"type": "string", "pattern": "^[^\\n\\r]{0,300}$"}, label="tool")
+    parts = {"type": "string", "allOf": [{"pattern": "^[^\\n\\r]*$"}, {"pattern": "^[\\s\\S]{0,300}$"}]}
+    merged = schema_regex(parts, label="tool", strict=True)
+    assert merged == schema_regex({"type": "string", "pattern": "^[^\\n\\r]{0,300}$"}, label="tool", strict=True)
+    # Outside a strict schema a count over LOOSE_MAXIMA["maxLength"] is left out, as maxLength is.
+    assert schema_regex(parts, label="tool") == schema_regex({"type": "string", "pattern": "^[^\\n\\r]*$"},
+                                                             label="tool")
+    assert intersect_patterns("^[\\s\\S]{2,300}$", "^\\d+$", most=64) == "^\\d{2,}$"
+    assert intersect_patterns("^[\\s\\S]{0,64}$", "^\\d*$", most=64) == "^\\d{0,64}$"
     assert intersect_patterns("^[\\s\\S]{2,5}$", "^\\d+$") == "^\\d{2,5}$"
     assert intersect_patterns("^[\\s\\S]{0,5}$", "^x+$") == "^x{1,5}$"
     assert intersect_patterns("^[\\s\\S]{0}$", "^x+$") is None  # nothing matches both

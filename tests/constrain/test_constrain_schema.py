@@ -140,3 +140,29 @@ def test_a_reference_to_itself_is_refused_not_a_crash():
     deeper = {"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}}, "allOf": [{"$ref": "#/$defs/a"}]}
     with pytest.raises(RequestError, match="refer back to themselves"):
         schema_regex(deeper, label="test")
+
+
+def test_large_maxima_are_loose_outside_strict_schemas(smollm2):
+    """Claude Code's ListAgents: three optional strings of maxLength 256 made 10,863 automaton
+    states (44M transitions, 40 s to compile); SendMessage's `to` (one line, at most 300
+    characters) 2,561. Outside strict schemas maxima over LOOSE_MAXIMA are left to the reply's
+    token limit, so those automata stay small; a strict schema still enforces them."""
+    from locals.engine.constrain.compile import compile_regex
+    from locals.engine.constrain.schema import LOOSE_MAXIMA
+    from locals.engine.constrain.vocab import token_vocab
+
+    text = {"type": "string", "maxLength": 256}
+    list_agents = {"type": "object", "additionalProperties": False,
+                   "properties": {"channel": text, "q": text, "cursor": text}}
+    one_line = {"type": "string", "allOf": [{"pattern": "^[^\\n\\r]*$"}, {"pattern": "^[\\s\\S]{0,300}$"}]}
+    findings = {"type": "array", "maxItems": 32, "items": {"type": "string"}}
+    vocab = token_vocab(smollm2.tokenizer, smollm2.vocab_size)
+    for schema in (list_agents, one_line, findings):
+        index = compile_regex(schema_regex(schema, label="tool"), vocab, label="tool")
+        assert len(index.row_of) < 200, schema
+    assert schema_regex(text, label="tool") == schema_regex({"type": "string"}, label="tool")
+    assert schema_regex(findings, label="tool") == schema_regex({"type": "array", "items": {"type": "string"}},
+                                                                label="tool")
+    kept = {"type": "string", "maxLength": LOOSE_MAXIMA["maxLength"]}
+    assert schema_regex(kept, label="tool") != schema_regex({"type": "string"}, label="tool")
+    assert schema_regex(text, label="tool", strict=True) != schema_regex({"type": "string"}, label="tool")

@@ -180,7 +180,7 @@ def test_hermes_refuses_a_short_window_before_starting(tmp_path):
     launcher.check_context(get_tool("opencode"), ctx_for(tmp_path, context_length=16384))
 
 
-@pytest.mark.parametrize("name, fits_in", [("claude", 24576), ("opencode", 16384), ("kilo", 16384),
+@pytest.mark.parametrize("name, fits_in", [("claude", 16384), ("opencode", 16384), ("kilo", 16384),
                                            ("codex", 16384), ("cline", 8192), ("aider", 8192)])
 def test_a_first_prompt_that_leaves_no_room_for_a_reply_is_refused_before_starting(tmp_path, name, fits_in):
     tool = get_tool(name)
@@ -201,7 +201,8 @@ def test_a_long_first_prompt_shrinks_the_reply_room_so_the_tool_starts_on_the_em
     assert config["provider"]["locals"]["models"]["smollm2"]["limit"] == {"context": 16384, "output": 1938}
     assert LaunchContext.reply_tokens(16384, get_tool("opencode").first_prompt) == 4096  # a quarter still fits
     assert LaunchContext.reply_tokens(32768, kilo.first_prompt) == 8192
-    claude = get_tool("claude")  # 20,231 tokens as served: only the least reply, and too little room
-    assert LaunchContext.reply_tokens(16384, claude.first_prompt) == MIN_REPLY
-    assert not LaunchContext.first_prompt_fits(16384, claude.first_prompt)
-    assert LaunchContext.first_prompt_fits(22279, claude.first_prompt)
+    claude = get_tool("claude")  # 12,333 tokens as served on 16,384: half of the 4,051 left
+    assert LaunchContext.reply_tokens(16384, claude.first_prompt) == 2025
+    assert LaunchContext.first_prompt_fits(16384, claude.first_prompt)
+    assert LaunchContext.reply_tokens(16384, 20231) == MIN_REPLY  # all 21 tools whole: too little room
+    assert not LaunchContext.first_prompt_fits(16384, 20231)

@@ -174,3 +174,35 @@ def test_trimming_keeps_what_it_promises(shape, context):
     if len(fitted.tokens) > overflow.TRIM_TO * context:  # over the target only when nothing more may go
         dropped = {d.index for d in fitted.dropped}
         assert all(i in dropped for i in range(len(messages)) if i not in kept)
+
+
+def long_tools(count: int, usage: int) -> list[dict]:
+    """Tools whose descriptions are a first paragraph and `usage` characters of notes after it."""
+    return [{"type": "function", "function": {
+        "name": f"tool{i}", "description": f"Does thing {i}.\n\nUsage notes: " + "n" * usage,
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}} for i in range(count)]
+
+
+def test_briefed_keeps_first_paragraphs_and_says_when_nothing_is_cut():
+    tools = long_tools(2, 10) + TOOLS
+    brief = overflow.briefed(tools)
+    assert [t["function"]["description"] for t in brief] == ["Does thing 0.", "Does thing 1.", "Read a file"]
+    assert brief[0]["function"]["parameters"] == tools[0]["function"]["parameters"]  # schemas untouched
+    assert tools[0]["function"]["description"].startswith("Does thing 0.\n\n")  # the request's own copy kept
+    assert overflow.briefed(TOOLS) is None
+
+
+async def test_tools_that_push_a_prompt_past_the_window_are_briefed_before_any_policy(served, caplog):
+    """Claude Code's 21 tools take ~16k tokens of a 16k window, most of it usage notes: under the
+    default policy the request is served with the descriptions' first paragraphs, logged, and the
+    conversation untouched; a prompt that fits keeps its tools whole."""
+    client, engine, _ = served
+    messages = agent_session(2)
+    with caplog.at_level(logging.WARNING, logger="locals.server.backend"):
+        resp = await client.post("/v1/chat/completions", json={"messages": messages, "tools": long_tools(6, 700)})
+    assert resp.status == 200, await resp.text()
+    prompt = prompt_of(engine)
+    assert "Does thing 5." in prompt and "Usage notes" not in prompt and "<result 0>" + "x" * 700 in prompt
+    assert "cut to their first paragraph" in caplog.text
+    resp = await client.post("/v1/chat/completions", json={"messages": messages, "tools": long_tools(1, 700)})
+    assert resp.status == 200 and "Usage notes" in prompt_of(engine)

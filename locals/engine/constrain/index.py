@@ -36,21 +36,26 @@ class CompiledIndex:
         states = sorted(set(transitions) | self.finals | {self.initial})
         eos = np.fromiter(vocab.eos_ids, dtype=np.int64)
         hole_free = vocab.tokens_free_of(bytes(HOLE_BYTES.values()))
-        bits = np.zeros((len(states), vocab.words * 32), dtype=bool)
+        # One state's row at a time, kept once per distinct allowed set (many states share one,
+        # e.g. inside strings): no (states x vocabulary) table in memory, and no single numpy
+        # call long enough to hold the GIL while the server answers (ReportFindings: 3,900 states).
+        bits = np.zeros(vocab.words * 32, dtype=bool)
+        distinct: dict[bytes, int] = {}
+        self.row_of = {}
         self._text_states = set()
-        for row, state in enumerate(states):
-            tokens = np.fromiter(transitions.get(state, {}), dtype=np.int64)
+        for state in states:
+            allowed = transitions.get(state, {})
+            tokens = np.fromiter(allowed, dtype=np.int64, count=len(allowed))
             tokens = tokens[tokens < vocab.width_tokens]
             tokens = tokens[hole_free[tokens]]
-            bits[row, tokens] = True
-            if vocab.eos_id in transitions.get(state, {}):
-                bits[row, eos] = True
-            if len(tokens) > int(vocab.eos_id in transitions.get(state, {})):
+            bits[:] = False
+            bits[tokens] = True
+            if vocab.eos_id in allowed:
+                bits[eos] = True
+            if len(tokens) > int(vocab.eos_id in allowed):
                 self._text_states.add(state)
-        packed = np.packbits(bits, axis=1, bitorder="little").view(np.uint32)
-        # Many states share one allowed set (e.g. inside strings): keep each row once.
-        self.rows, inverse = np.unique(packed, axis=0, return_inverse=True)
-        self.row_of = {state: int(r) for state, r in zip(states, inverse.reshape(-1))}
+            self.row_of[state] = distinct.setdefault(np.packbits(bits, bitorder="little").tobytes(), len(distinct))
+        self.rows = np.frombuffer(b"".join(distinct), dtype=np.uint32).reshape(len(distinct), vocab.words)
         self._device = None
         self._forced: dict[int, list[int]] = {}
         self._closing: dict[int, bytes | None] = {}

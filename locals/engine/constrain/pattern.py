@@ -270,14 +270,15 @@ _COUNT_ONLY = re.compile(r"\^\[(\\s\\S|\\S\\s|\\w\\W|\\W\\w|\\d\\D|\\D\\d)\]"
 _ONE_CLASS = re.compile(r"\^(?P<atom>\[(?:\\.|[^\]\\])+\]|\\[dDwWsS]|\.|[^\\\[\](){}|*+?.^$])(?P<count>\*|\+)\$")
 
 
-def intersect_patterns(a: str, b: str) -> str | None:
+def intersect_patterns(a: str, b: str, most: int | None = None) -> str | None:
     """One pattern matching what both match, where one only counts characters of any kind and
     the other repeats one character class (`^[^\\n]*$` and `^[\\s\\S]{0,300}$` give
-    `^[^\\n]{0,300}$`, as Claude Code's tools write them); None for any other pair."""
+    `^[^\\n]{0,300}$`, as Claude Code's tools write them); None for any other pair. A count whose
+    maximum is over `most` keeps only its minimum (as the schema's maxLength over LOOSE_MAXIMA)."""
     for count_only, other in ((a, b), (b, a)):
         limit, one = _COUNT_ONLY.fullmatch(count_only), _ONE_CLASS.fullmatch(other)
         if limit and one:
-            count = limit.group("count")
+            count = _loosened(limit.group("count"), most)
             if one.group("count") == "+" and count in ("{0}", "{,0}", "{0,0}"):
                 return None  # nothing matches both: refused as before
             if one.group("count") == "+" and count in ("*", "{0,}"):
@@ -286,3 +287,12 @@ def intersect_patterns(a: str, b: str) -> str | None:
                 count = "{1," + count[3:]
             return f"^{one.group('atom')}{count}$"
     return None
+
+
+def _loosened(count: str, most: int | None) -> str:
+    """`count` (`*`, `+`, `{n}`, `{m,n}`) without a maximum over `most`."""
+    bounds = count.strip("{}").split(",") if count.startswith("{") else None
+    if most is None or bounds is None or not bounds[-1] or int(bounds[-1]) <= most:
+        return count
+    low = int(bounds[0] or 0) if len(bounds) == 2 else int(bounds[0])
+    return "*" if low == 0 else "+" if low == 1 else f"{{{low},}}"

@@ -51,6 +51,11 @@ def free_json_regex(depth: int, top: str = "value") -> str:
 # this large are never meant literally; a request that sends one gets a 400 instead.
 BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 MAX_BOUND = 10_000
+# Each unit of a maximum is one more copy of what it bounds in the automaton, times every token
+# that fits there: Claude Code's ListAgents (three strings of maxLength 256) made 10,863 states
+# and 44M transitions, 40 s to compile. Outside strict schemas, maxima over these are left to the
+# reply's token limit and the client's own check (docs/arch/constraint.md, "Bounds").
+LOOSE_MAXIMA = {"maxLength": 64, "maxItems": 8}
 
 
 class _Rewriter:
@@ -95,13 +100,17 @@ class _Rewriter:
         """A length or count bound over MAX_BOUND would be unrolled into an automaton too large
         to build (`maxLength` 2**31 exhausted memory). A minimum is refused; a maximum is left to
         the reply's token limit (Claude Code's Workflow tool: `maxLength` 524,288), except in a
-        strict schema, which refuses what it does not enforce."""
-        large = [key for key in BOUNDS if isinstance(node.get(key), (int, float))
-                 and not isinstance(node[key], bool) and node[key] > MAX_BOUND]
+        strict schema, which refuses what it does not enforce. Outside strict schemas, so are
+        maxima over LOOSE_MAXIMA, which compile for too long to wait on."""
+        numbers = {key: node[key] for key in BOUNDS
+                   if isinstance(node.get(key), (int, float)) and not isinstance(node[key], bool)}
+        large = [key for key, value in numbers.items() if value > MAX_BOUND]
         refused = [key for key in large if self.strict or key.startswith("min")]
         if refused:
             raise self.fail(path, f"has {refused[0]} {node[refused[0]]}, over {MAX_BOUND:,}: its automaton "
                                   "would not fit in memory; lower it or leave it out")
+        if not self.strict:
+            large += [key for key, most in LOOSE_MAXIMA.items() if numbers.get(key, 0) > most]
         return {k: v for k, v in node.items() if k not in large} if large else node
 
     def refuse_unenforced(self, node: dict, path: str) -> None:
@@ -175,7 +184,8 @@ class _Rewriter:
                 elif key == "required":
                     merged["required"] = list(dict.fromkeys([*merged.get("required", []), *value]))
                 elif key == "pattern" and key in merged and merged[key] != value and \
-                        (both := intersect_patterns(merged[key], value)) is not None:
+                        (both := intersect_patterns(merged[key], value, None if self.strict
+                                                    else LOOSE_MAXIMA["maxLength"])) is not None:
                     merged[key] = both
                 elif key in merged and merged[key] != value and key not in ("description", "title"):
                     raise self.fail(f"{path}/allOf/{i}", f"sets '{key}' differently from another allOf "
