@@ -134,7 +134,7 @@ def _kernels(f: Result) -> str:
 def served_traffic(results: list[Result]) -> Section:
     sec = Section("served_traffic")
     for device in DEVICES:
-        files = of(results, "serve_traffic", device)[-1:]
+        files = _comparisons(of(results, "serve_traffic", device))[-1:]
         if not files:
             sec.parts.append(f"*{DEVICE_LABEL[device]}: not measured yet* (no served-traffic report in "
                              f"`benchmarks/results/` when this was generated; `{HOW[device]}` writes one).")
@@ -148,9 +148,14 @@ def served_traffic(results: list[Result]) -> Section:
     return sec
 
 
+def _comparisons(files: list[Result]) -> list[Result]:
+    """The reports that put locals beside a peer (a run of one server alone is a diagnostic)."""
+    return [f for f in files if OURS in f.data.get("summary", {}) and len(f.data["summary"]) > 1]
+
+
 def newest_served(results: list[Result], device: str, model: str) -> Result | None:
     """The newest served-traffic report of `model` on `device`, if any."""
-    files = [f for f in of(results, "serve_traffic", device) if served_model(f) == model]
+    files = [f for f in _comparisons(of(results, "serve_traffic", device)) if served_model(f) == model]
     return files[-1] if files else None
 
 
