@@ -56,7 +56,8 @@ def _metric(key: str, value: float) -> str:
 
 def _compile_key(key: str) -> str | None:
     """The compile time a transition count belongs to (their cells are shown together)."""
-    for count, compiled in (("one_tool_transitions_", "one_tool_call_"), ("all_calls_transitions_", "all_calls_compiled_")):
+    pairs = (("one_tool_transitions_", "one_tool_call_"), ("all_calls_transitions_", "all_calls_compiled_"))
+    for count, compiled in pairs:
         if key.startswith(count):
             return compiled + key[len(count):]
     return None
