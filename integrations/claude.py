@@ -51,9 +51,9 @@ class Claude(Tool):
     install = "npm install -g @anthropic-ai/claude-code"
     api = "Anthropic Messages"
     context_wanted = 32768
-    # Claude Code 2.1.332, `-p`, as served on a 16,384 window: it sends 12 tools there (ToolSearch
-    # finds the rest); ~20,250 tokens where it sends all 21, ~11,000 once the server cuts their
-    # descriptions to the first paragraph (server/overflow.py).
+    # Claude Code 2.1.332, `-p`, as served on a 16,384 window: it sends 10 of its 21 tools there,
+    # with ToolSearch for the rest; ~20,250 tokens where it sends all 21, ~11,000 once the server
+    # cuts their descriptions to the first paragraph (server/overflow.py).
     first_prompt = 12333
 
     def env(self, ctx: LaunchContext) -> dict[str, str | None]:
