@@ -19,10 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from locals.daemon import STOP_TIMEOUT_S
-from locals.traffic.servers import free_port
 
-from e2e.daemon import MODEL, LocalsServer
 
 pytestmark = pytest.mark.slow
 
@@ -89,19 +86,9 @@ def _finished_since(server, api: str, since: float) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def tools_server(tmp_path_factory, locals_server):
-    """A daemon whose replies stop at REPLY_CAP tokens: some tools (Codex) send no limit, and
-    the embedded model on a CPU writes ~3 tokens/s after their 6k-token prompts, so a reply up
-    to the context's end would take longer than the test waits."""
-    home = tmp_path_factory.mktemp("tools-home")
-    env = {**locals_server.env, "LOCALS_HOME": str(home), "LOCALS_MAX_TOKENS": str(REPLY_CAP)}
-    server = LocalsServer(port=free_port(), home=home, env=env)
-    started = server.cli("start", "--model", MODEL, "--port", str(server.port))
-    assert started.returncode == 0, started.stderr
-    yield server
-    # A tool stopped mid-request can leave the engine in a long prompt step (minutes on a CPU at
-    # 12k tokens): `locals stop` waits STOP_TIMEOUT_S for it, then kills the server.
-    server.cli("stop", "--port", str(server.port), timeout=STOP_TIMEOUT_S + 30)
+def tools_server(capped_server):
+    """A daemon whose replies stop at REPLY_CAP tokens (some tools, Codex, send no limit)."""
+    return capped_server("tools-home", REPLY_CAP)
 
 
 @pytest.mark.timeout(TIMEOUT_S + 120)
