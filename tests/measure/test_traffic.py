@@ -17,7 +17,7 @@ from rich.console import Console
 from locals.errors import LocalsError
 from locals.traffic import servers as srv
 from locals.traffic.driver import Reply, _read_chunk, next_messages
-from locals.traffic.report import percentile, phase_figures, ratios, summarise, table
+from locals.traffic.report import percentile, phase_figures, ratios, rounds_text, summarise, table
 from locals.traffic.run import Plan, run
 from locals.traffic.workload import WORDS, Workload, plan_agents
 
@@ -208,3 +208,6 @@ def test_the_time_limit_skips_rounds_that_would_overrun(tmp_path):
     report = run(plan, tmp_path, lambda _: None)
     errors = [r.get("error") for r in report["runs"]["a"]]
     assert errors[0] is None and all(e and e.startswith("skipped") for e in errors[1:])
+    # What the summaries hold is said, not the rounds asked for (the table's title, the docs).
+    assert rounds_text(report) == "1 round (3 asked)"
+    assert "over 1 round (3 asked)" in table(report).title
