@@ -140,6 +140,7 @@ class Engine:
         self._submit_lock = threading.Lock()
         self._stopping = threading.Event()
         self._kv_bytes = 0
+        self._idled = True  # whether the loop waited for work since the last step was read
         self._pump = self.prefix_cache.pump  # a bounded slice of a disk tier's copy (nothing without one)
 
     # --- public surface -------------------------------------------------------------------
@@ -250,7 +251,7 @@ class Engine:
             steps=c.steps,
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
                    "untuned_pairs": self.untuned_pairs, **compile_stats(self.warmer, self.runner.compiled),
-                   "slow_steps": c.slow_steps, "slowest_step_s": round(c.slowest_step_s, 3),
+                   "step_intervals": c.intervals.summary(), "slow_steps": c.slow_steps, "slowest_step_s": round(c.slowest_step_s, 3),
                    "generating_tokens": sum(len(s.generated) for s in active),  # not in the total yet
                    "fused_kernel_layers": self.fused_kernel_layers, "folded_in_matmuls": self._folded_in_matmuls(),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,
@@ -287,6 +288,7 @@ class Engine:
                     # returns to its idle size between bursts of agents.
                     release_memory()
                 busy = not idle
+                self._idled = self._idled or idle  # the next read's interval held a wait for work
                 warming = self.warmer is not None and not self.warmer.done
                 if idle and warming and self._inbox.empty():
                     self.warmer.warm(0.0)  # one shape: a request arriving now waits for one trace at most
@@ -468,6 +470,8 @@ class Engine:
             return
         now = time.perf_counter()
         self.counters.note_step(now - step.started, step, self.runner.compiled.uncompiled_passes)
+        self.counters.intervals.add(now, step.prefill_tokens, busy=not self._idled)
+        self._idled = False
         self.counters.decode.add(step.emitted, now, step.started)
         self.counters.drafted_tokens_total += step.drafted
         self.counters.accepted_tokens_total += step.accepted

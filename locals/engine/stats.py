@@ -43,6 +43,33 @@ class RateMeter:
             self._events.popleft()
 
 
+class StepIntervals:
+    """The time between consecutive reads of engine steps — the gap a decoding row sees between
+    its tokens — over the last `keep` steps, apart for steps that read prompt tokens (a mixed
+    pass) and steps that only decode: what the served gap p99 is made of (docs/arch/engine.md)."""
+
+    def __init__(self, keep: int = 4096):
+        self._last: float | None = None
+        self._kinds = {"decode": deque(maxlen=keep), "with_prompt": deque(maxlen=keep)}
+
+    def add(self, now: float, prompt_tokens: int, busy: bool) -> None:
+        """One step read at `now`; an interval that began while nothing ran is not counted."""
+        if busy and self._last is not None:
+            self._kinds["with_prompt" if prompt_tokens else "decode"].append(now - self._last)
+        self._last = now
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        """Per kind: steps counted and their interval p50, p99 and max in ms."""
+        out = {}
+        for kind, values in self._kinds.items():
+            ordered = sorted(values)
+            if ordered:
+                at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+                out[kind] = {"steps": len(ordered), "p50_ms": round(at(0.5) * 1e3, 1),
+                             "p99_ms": round(at(0.99) * 1e3, 1), "max_ms": round(ordered[-1] * 1e3, 1)}
+        return out
+
+
 @dataclass
 class Counters:
     """Totals since the engine started."""
@@ -63,6 +90,7 @@ class Counters:
     finish_reasons: dict[FinishReason, int] = field(default_factory=dict)
     decode: RateMeter = field(default_factory=RateMeter)
     prefill: RateMeter = field(default_factory=RateMeter)
+    intervals: StepIntervals = field(default_factory=StepIntervals)
 
     def note_step(self, took: float, step, uncompiled_passes: int) -> None:
         """Keep the slowest step's time; count and log a slow one (`step`: step.Launched, its rows

@@ -77,7 +77,7 @@ def _phase(record: dict, running: srv.Running, plan: Plan, agents: int, nonce: s
     if "first_token_s" not in record and first is not None and first.first is not None:
         record["first_token_s"] = first.first
     record["phases"][str(agents)] = {
-        "figures": phase_figures(replies),
+        "figures": phase_figures(replies), "server_stats": srv.engine_stats(running),
         "replies": {phase: [reply_record(r) for r in rs] for phase, rs in replies.items()}}
 
 

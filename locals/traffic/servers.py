@@ -38,11 +38,12 @@ class ServerSpec:
     command: tuple[str, ...]  # "{port}" is replaced by the port
     ready_path: str
     env: dict[str, str] = field(default_factory=dict)
+    stats_path: str | None = None  # answers the server's own counters as JSON (locals only)
 
 
 def locals_server(model: str, env: dict[str, str] | None = None) -> ServerSpec:
     return ServerSpec("locals", (sys.executable, "-m", "locals", "serve", "--model", model, "--port", "{port}"),
-                      "/health", env or {})
+                      "/health", env or {}, stats_path="/v1/locals/status")
 
 
 def mlx_lm_server(model: str, env: dict[str, str] | None = None) -> ServerSpec:
@@ -85,6 +86,21 @@ def log_tail(path: Path | None, lines: int = 15) -> str:
     if path is None or not path.exists():
         return ""
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def engine_stats(running: Running) -> dict | None:
+    """What the server says of its own steps after a phase (locals: step intervals, slow steps,
+    compiles); None for a server without such an endpoint or one that does not answer."""
+    if running.spec.stats_path is None:
+        return None
+    try:
+        with _DIRECT.open(running.url + running.spec.stats_path, timeout=10) as resp:
+            extra = json.loads(resp.read()).get("engine", {}).get("extra", {})
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+        return None
+    wanted = ("step_intervals", "slow_steps", "slowest_step_s", "compiled_shapes", "compiling_ahead",
+              "uncompiled_passes")
+    return {key: extra[key] for key in wanted if key in extra}
 
 
 def _gave_up(answer: urllib.error.HTTPError) -> bool:

@@ -12,7 +12,7 @@ from locals.engine.engine import Engine
 from locals.engine.forward.forward import step_rows
 from locals.engine.forward.kv import row_capacity, token_capacity
 from locals.engine.settings import EngineConfig
-from locals.engine.stats import SLOW_STEP_S, Counters
+from locals.engine.stats import SLOW_STEP_S, Counters, StepIntervals
 from locals.engine import warmup
 from locals.engine.warmup import step_shapes
 from locals.protocol import GenerationRequest, SamplingParams
@@ -60,6 +60,9 @@ def test_after_compiling_ahead_requests_run_no_pass_uncompiled(tiny_llama):
                 assert c.tokens(rid) == run_alone(plain, prompt, max_tokens=12, temperature=0)[0]
         extra = engine.stats().extra
         assert extra["uncompiled_passes"] == 0 and extra["slowest_step_s"] > 0
+        intervals = extra["step_intervals"]  # each batch read its prompts in one step, after a wait
+        assert "with_prompt" not in intervals and intervals["decode"]["steps"] > 0
+        assert 0 < intervals["decode"]["p50_ms"] <= intervals["decode"]["p99_ms"] <= intervals["decode"]["max_ms"]
     finally:
         engine.stop()
         plain.stop()
@@ -73,6 +76,18 @@ def test_a_slow_step_is_counted_and_logged_with_its_shape(caplog):
         counters.note_step(SLOW_STEP_S + 0.5, SimpleNamespace(slots=list(range(8)), prefill_tokens=248), 2)
     assert counters.slow_steps == 1 and counters.slowest_step_s == SLOW_STEP_S + 0.5
     assert "slow step: 2.5 s (8 rows, 248 prompt tokens; 2 passes uncompiled so far)" in caplog.text
+
+
+def test_step_intervals_count_busy_reads_apart_by_kind():
+    intervals = StepIntervals(keep=100)
+    intervals.add(10.0, prompt_tokens=0, busy=True)  # the first read has nothing before it
+    for i in range(1, 101):
+        intervals.add(10.0 + 0.01 * i, prompt_tokens=0, busy=True)
+    intervals.add(11.5, prompt_tokens=200, busy=True)  # a mixed pass: 500 ms after the last read
+    intervals.add(30.0, prompt_tokens=0, busy=False)  # after a wait for work: not a gap anyone saw
+    summary = intervals.summary()
+    assert summary["decode"] == {"steps": 100, "p50_ms": 10.0, "p99_ms": 10.0, "max_ms": 10.0}
+    assert summary["with_prompt"] == {"steps": 1, "p50_ms": 500.0, "p99_ms": 500.0, "max_ms": 500.0}
 
 
 def _traces_until_ready(tiny_llama, caplog) -> tuple[list[str], dict]:

@@ -116,6 +116,11 @@ def test_bench_serves_traffic_to_locals_and_mlx_lm_server(tmp_path):
                 figures = record["phases"][n]["figures"]
                 assert figures["failed"] == 0 and figures["output_tokens"] > 0, (name, n, figures)
                 assert figures["tokens_counted"] == ["usage"]
+                stats = record["phases"][n]["server_stats"]  # what the server says of its own steps
+                if name == "locals":
+                    assert stats["step_intervals"]["decode"]["steps"] > 0 and stats["slow_steps"] >= 0, stats
+                else:
+                    assert stats is None
     assert report["ratios"]["mlx_lm.server"]["2"]["burst_tps"] > 0
     assert "dense float32" in report["weights"]["mlx_lm.server"]
     assert (tmp_path / "report-logs" / "locals-round1.log").exists()
