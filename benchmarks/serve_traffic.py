@@ -6,6 +6,7 @@ on a model written for the occasion (benchmarks/random_folder.py).
     python benchmarks/serve_traffic.py --agents 8 --rounds 1 --kernels K  # H200, fresh: ~7 min
     python benchmarks/serve_traffic.py --agents 8 --kernels K   # then 3 rounds on the kept kernels
     python benchmarks/serve_traffic.py --shape qwen3-tiny --quick   # tries the script on a CPU
+    python benchmarks/serve_traffic.py --merge A.json B.json   # rounds run as commands in a row, one report
 
 On a fresh GPU each server's first round is mostly MLX compiling its CUDA kernels (minutes), so
 a cold round and warm rounds rarely fit one 10-minute device command: `--kernels` keeps each
@@ -21,6 +22,7 @@ saved after each server's round; server logs in the folder beside it.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -56,6 +58,9 @@ def _args() -> argparse.Namespace:
                              "the same folder starts warm, as a machine does after its first start (default: "
                              "empty folders, a fresh machine)")
     parser.add_argument("--out", type=Path, default=None, help="report file or folder (default benchmarks/results/)")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="REPORT",
+                        help="write one report of these reports' rounds (commands run in a row on one machine, "
+                             "each within the device's 10 minutes) and print its table; runs nothing")
     args = parser.parse_args()
     if args.quick:
         for key, value in QUICK.items():
@@ -77,8 +82,25 @@ def _report_path(out: Path | None) -> Path:
     return path
 
 
+def merge_reports(paths: list[Path], out: Path | None) -> None:
+    from locals.cli.common import console
+    from locals.traffic.report import table
+    from locals.traffic.run import merge, save
+
+    reports = [json.loads(p.read_text()) for p in paths]
+    merged = merge(reports, [p.name for p in paths])
+    device = "gpu" if merged.get("backend") == "cuda" else "cpu"
+    name = f"serve_traffic-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path = save(merged, (out or RESULTS) / name if out is None or out.is_dir() or not out.suffix else out)
+    console.print(table(merged))
+    print(f"report: {path}")
+
+
 def main() -> None:
     args = _args()
+    if args.merge:
+        merge_reports(args.merge, args.out)
+        return
     plan_args = {"agents": parse_agents(args.agents), "rounds": args.rounds, "seed": args.seed,
                  "workload": Workload(turns=args.turns, size_scale=args.size_scale, time_scale=args.time_scale),
                  "time_limit_s": args.max_minutes * 60 if args.max_minutes else None,

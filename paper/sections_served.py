@@ -126,9 +126,15 @@ def _kernels(f: Result) -> str:
     held = f.data.get("kernel_folders")
     if not held:
         return ""
-    if not any(held.values()):
-        return " Each server's CUDA kernel folder was empty at the start: its first round compiled its kernels."
-    return " Each server's CUDA kernel folder was kept from an earlier run (warm starts)."
+    commands = held if isinstance(held, list) else [held]  # a merged report: one per command
+    kept = [any((h or {}).values()) for h in commands]
+    merged = f" Its rounds ran as {len(commands)} commands in a row on one machine." if len(commands) > 1 else ""
+    if not any(kept):
+        return merged + " Each server's CUDA kernel folder was empty at the start: its first round compiled its kernels."
+    if all(kept):
+        return merged + " Each server's CUDA kernel folder was kept from an earlier run (warm starts)."
+    return merged + (f" Each server's CUDA kernel folder was empty at the start of {kept.count(False)} of them "
+                     "(cold rounds) and kept from an earlier run in the others (warm starts).")
 
 
 def served_traffic(results: list[Result]) -> Section:

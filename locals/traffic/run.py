@@ -124,6 +124,29 @@ def finish(report: dict) -> dict:
     return report
 
 
+# What must agree for reports to be one run's rounds: the servers, the traffic and the machine.
+SAME_RUN = ("servers", "agents", "workload", "model", "backend", "weights")
+
+
+def merge(reports: list[dict], names: list[str]) -> dict:
+    """Reports written one after another on one machine (each a command of at most ten minutes,
+    the device's limit) as one report: each server's rounds in order, renumbered; the kernel
+    folders each command started with kept in order; refused where they ran different things."""
+    first = reports[0]
+    for name, other in zip(names[1:], reports[1:]):
+        differ = [key for key in SAME_RUN if other.get(key) != first.get(key)]
+        if differ:
+            raise ValueError(f"{name} ran other {', '.join(differ)} than {names[0]}: not rounds of one run")
+    runs: dict[str, list[dict]] = {server: [] for server in first["runs"]}
+    for report in reports:
+        for server, rounds in report["runs"].items():
+            runs[server] += [{**r, "round": len(runs[server]) + i} for i, r in enumerate(rounds)]
+    merged = {**first, "runs": runs, "rounds": sum(r["rounds"] for r in reports), "merged_from": names,
+              "kernel_folders": [r.get("kernel_folders") for r in reports], "logs": [r.get("logs") for r in reports],
+              "finished": reports[-1].get("finished")}
+    return finish(merged)
+
+
 def portable(part: str) -> str:
     """A path as a report keeps it: its name only (the report travels; the machine's folders do not)."""
     return Path(part).name if os.path.isabs(part) else part

@@ -18,7 +18,7 @@ from locals.errors import LocalsError
 from locals.traffic import servers as srv
 from locals.traffic.driver import Reply, _read_chunk, next_messages
 from locals.traffic.report import percentile, phase_figures, ratios, rounds_text, summarise, table
-from locals.traffic.run import Plan, run
+from locals.traffic.run import Plan, finish, merge, run
 from locals.traffic.workload import WORDS, Workload, plan_agents
 
 from tests.helpers.repo import REPO
@@ -211,3 +211,27 @@ def test_the_time_limit_skips_rounds_that_would_overrun(tmp_path):
     # What the summaries hold is said, not the rounds asked for (the table's title, the docs).
     assert rounds_text(report) == "1 round (3 asked)"
     assert "over 1 round (3 asked)" in table(report).title
+
+
+def _report(runs, rounds, **extra):
+    report = {"servers": {"locals": {}, "mlx_lm.server": {}}, "agents": [8], "workload": {"turns": 2},
+              "model": "qwen3-4b", "backend": "cuda", "weights": {}, "rounds": rounds, "runs": runs, **extra}
+    return finish(report)
+
+
+def test_reports_of_commands_in_a_row_merge_into_one_run_s_rounds():
+    first = _report({"locals": [_round(10, 300)], "mlx_lm.server": [_round(40, 100)]}, 1,
+                    kernel_folders={"locals": 0, "mlx_lm.server": 0}, logs="a-logs")
+    second = _report({"locals": [_round(12, 280), _round(14, 260)],
+                      "mlx_lm.server": [_round(30, 90), _round(35, 95)]}, 2,
+                     kernel_folders={"locals": 40, "mlx_lm.server": 90}, logs="b-logs")
+    merged = merge([first, second], ["a.json", "b.json"])
+    assert [r["round"] for r in merged["runs"]["locals"]] == [0, 1, 2] and merged["rounds"] == 3
+    assert merged["summary"]["locals"]["8"]["wait_s"] == {"median": 12, "min": 10, "max": 14, "n": 3}
+    assert merged["ratios"]["mlx_lm.server"]["8"]["wait_s"] == pytest.approx(12 / 35)
+    assert merged["kernel_folders"] == [{"locals": 0, "mlx_lm.server": 0}, {"locals": 40, "mlx_lm.server": 90}]
+    assert merged["merged_from"] == ["a.json", "b.json"] and merged["logs"] == ["a-logs", "b-logs"]
+    assert rounds_text(merged) == "3 rounds"
+    other = _report({"locals": [_round(12, 280)]}, 1) | {"agents": [16]}
+    with pytest.raises(ValueError, match="b.json ran other agents than a.json"):
+        merge([first, other], ["a.json", "b.json"])

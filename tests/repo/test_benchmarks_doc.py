@@ -147,3 +147,17 @@ def test_references_to_sections_of_the_benchmarks_pages_find_them():
             if not ok:
                 missing.append((path.relative_to(REPO).as_posix(), page, what))
     assert not missing, f"references to sections that do not exist: {missing}"
+
+
+def test_a_served_caption_says_whether_its_rounds_started_cold_or_warm():
+    from paper.results import Result
+    from paper.sections_served import _kernels
+
+    def said(held):
+        return _kernels(Result(Path("r.json"), {"kernel_folders": held}))
+
+    assert said(None) == ""  # a CPU
+    assert "was empty at the start" in said({"locals": 0, "mlx_lm.server": 0})
+    assert "kept from an earlier run" in said({"locals": 40, "mlx_lm.server": 90})
+    mixed = said([{"locals": 0, "mlx_lm.server": 0}, {"locals": 40, "mlx_lm.server": 90}])
+    assert mixed.startswith(" Its rounds ran as 2 commands in a row") and "empty at the start of 1 of them" in mixed
