@@ -95,12 +95,13 @@ def engine_stats(running: Running) -> dict | None:
         return None
     try:
         with _DIRECT.open(running.url + running.spec.stats_path, timeout=10) as resp:
-            extra = json.loads(resp.read()).get("engine", {}).get("extra", {})
+            engine = json.loads(resp.read()).get("engine", {})
     except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
         return None
+    extra = engine.get("extra", {})
     wanted = ("step_intervals", "slow_steps", "slowest_step_s", "compiled_shapes", "compiling_ahead",
-              "uncompiled_passes")
-    return {key: extra[key] for key in wanted if key in extra}
+              "uncompiled_passes", "drafted_tokens", "accepted_draft_tokens", "masks_after_steps")
+    return {"steps": engine.get("steps"), **{key: extra[key] for key in wanted if key in extra}}
 
 
 def _gave_up(answer: urllib.error.HTTPError) -> bool:
