@@ -217,3 +217,42 @@ def test_a_cancelled_prompt_read_is_resumed_by_the_same_prompt_again(tiny_llama)
         eng.stop()
     assert 32 <= finish.usage.cached_tokens < len(prompt) - 1
     assert tokens == expected
+
+
+@pytest.mark.model
+def test_smollm2_reads_a_long_prompt_in_paced_chunks_beside_decoding_rows(smollm2):
+    """Mixed steps that run over their target shrink to the floor (64 tokens a step), and every
+    row's greedy output is still what it is alone."""
+    from locals.engine.load.templates import render_prompt
+
+    def encode(text: str) -> list[int]:
+        return smollm2.tokenizer.encode(render_prompt(smollm2, [{"role": "user", "content": text}]),
+                                        add_special_tokens=False)
+
+    short = [encode("Count from 1 to 30, one number per line."), encode("Name ten colors, one per line.")]
+    long = encode("Summarize this log. " + "The build passed and the tests ran in four minutes. " * 60)
+    assert len(long) > 600
+    eng = Engine(smollm2, EngineConfig(prefix_cache_bytes=0, speculate=False, mixed_step_s=1e-6))
+    eng.start()
+    try:
+        alone = [run_alone(eng, p, max_tokens=48) for p in short] + [run_alone(eng, long, max_tokens=8)]
+        chunks, plan = [], eng.scheduler.next_step
+
+        def next_step(rows):  # what each step read of the long prompt
+            slots = plan(rows)
+            chunks.extend(s.n for s in slots if s.seq.prefilling and len(s.seq.prompt) == len(long))
+            return slots
+
+        eng.scheduler.next_step = next_step
+        c = Collector()
+        ids = [c.submit(eng, GenerationRequest(p, SamplingParams(max_tokens=48))) for p in short]
+        assert wait_for(lambda: all(c.tokens(rid) for rid in ids))  # both decoding
+        ids.append(c.submit(eng, GenerationRequest(long, SamplingParams(max_tokens=8))))
+        c.wait()
+        for rid, (tokens, _, _) in zip(ids, alone):
+            assert c.tokens(rid) == tokens
+        assert sum(chunks) == len(long) and chunks[0] == 256 - 2, chunks
+        assert 64 - 2 in chunks, chunks  # down to the floor beside the two rows
+        assert eng.stats().extra["step_intervals"]["with_prompt"]["steps"] >= len(chunks) - 1
+    finally:
+        eng.stop()
