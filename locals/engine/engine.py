@@ -117,8 +117,7 @@ class Engine:
         self.prefix_cache = prefix_cache
         self.admission = admission or KVBudgetAdmission(self.kv_budget, self.bytes_per_token)
         self.guard_factories = list(guards)
-        self.scheduler = Scheduler(self.config.step_token_budget, self.config.min_prefill_chunk,
-                                   mixed_step_s=self.config.mixed_step_s)
+        self.scheduler = Scheduler(self.config.step_token_budget, self.config.min_prefill_chunk)
         cfg = self.config
         self.draft_policy = DraftPolicy(max_draft=cfg.max_draft) if cfg.speculate and cfg.max_draft > 0 else None
         self.runner = StepRunner(self.model, on_cache_point=self._insert_prefix,
@@ -130,7 +129,7 @@ class Engine:
         # Decode-step shapes compiled ahead (warmup.py); `ready` is set once the first batch of them is.
         self.warmer = (ShapeWarmer(self.model, self.runner, cfg.max_batch, loaded.context_length,
                                    self.kv_budget // WARM_KV_SHARE // max(self.bytes_per_token, 1),
-                                   self.scheduler.pacer.budgets(), self.scheduler.solo_budget)
+                                   cfg.step_token_budget, self.scheduler.solo_budget)
                        if cfg.warm_up_s > 0 and self.decode_batch is not None else None)
         self.ready = threading.Event()
         self._inbox: queue.Queue[Message] = queue.Queue()
@@ -471,10 +470,7 @@ class Engine:
             return
         now = time.perf_counter()
         self.counters.note_step(now - step.started, step, self.runner.compiled.uncompiled_passes)
-        interval = self.counters.intervals.add(now, step.prefill_tokens, busy=not self._idled)
-        if interval is not None:
-            self.scheduler.pacer.observe(interval, step.prefill_tokens,
-                                         sum(s.n for s in step.slots) - step.prefill_tokens)
+        self.counters.intervals.add(now, step.prefill_tokens, busy=not self._idled)
         self._idled = False
         self.counters.decode.add(step.emitted, now, step.started)
         self.counters.drafted_tokens_total += step.drafted

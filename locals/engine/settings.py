@@ -24,10 +24,6 @@ class EngineConfig:
     # Smallest prompt chunk per step, even when decode rows used up the budget, so
     # prefill always advances.
     min_prefill_chunk: int = 32
-    # Seconds a step that reads a prompt beside decoding rows aims at (or twice a decode-only
-    # step where that is longer): the budget above halves while such steps run over, down to
-    # twice the smallest chunk (scheduler.py's MixedStepPacer). 0 keeps the budget fixed.
-    mixed_step_s: float = 0.05
     # Bytes of KV the engine may hold (admission); None = half of available memory at start.
     kv_budget_bytes: int | None = None
     # Bytes the in-memory prefix cache may keep; 0 disables it.

@@ -52,13 +52,11 @@ class StepIntervals:
         self._last: float | None = None
         self._kinds = {"decode": deque(maxlen=keep), "with_prompt": deque(maxlen=keep)}
 
-    def add(self, now: float, prompt_tokens: int, busy: bool) -> float | None:
-        """One step read at `now`: its interval, or None where it began while nothing ran."""
-        interval = now - self._last if busy and self._last is not None else None
-        if interval is not None:
-            self._kinds["with_prompt" if prompt_tokens else "decode"].append(interval)
+    def add(self, now: float, prompt_tokens: int, busy: bool) -> None:
+        """One step read at `now`; an interval that began while nothing ran is not counted."""
+        if busy and self._last is not None:
+            self._kinds["with_prompt" if prompt_tokens else "decode"].append(now - self._last)
         self._last = now
-        return interval
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per kind: steps counted and their interval p50, p99 and max in ms."""

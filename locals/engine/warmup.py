@@ -52,26 +52,24 @@ class ShapeWarmer:
 
     On a GPU, before any of them and always before ready: the passes that run uncompiled at any
     shape — a prompt's first chunk read alone (`solo_chunk` tokens) and a chunk after it, and a
-    chunk beside decoding batches at each budget the scheduler may give a mixed step. They compile no graph, but on a GPU new to MLX each meets
+    chunk beside decoding batches. They compile no graph, but on a GPU new to MLX each meets
     kernels MLX compiles on first use, tens of seconds each on an H200 (docs/arch/engine.md,
     "Shapes"); MLX keeps those on disk, so only a machine's first start pays them, and pays them
     here instead of in its first requests. A CPU compiles no kernels: it skips them."""
 
-    def __init__(self, model, runner, max_batch: int, max_positions: int, kv_positions: int,
-                 chunks: list[int], solo_chunk: int):
+    def __init__(self, model, runner, max_batch: int, max_positions: int, kv_positions: int, chunk: int,
+                 solo_chunk: int):
         self.model, self.runner = model, runner
         runner.compiled.on_demand = False
         shapes = step_shapes(max_batch, max_positions, kv_positions)
         lengths = [1 << i for i in range(runner.choices.compile_max_tokens.bit_length())]  # forward._pad_short_pass
-        chunk, *smaller = chunks  # a mixed step's token budgets, largest first (scheduler.py's pacer)
         first_of = {}  # the smallest batches of 4 and 8 slots (as many rows), by their first shape
         for rows, slots, t_cap in shapes:
             if rows == slots < chunk and len(first_of) < 2:
                 first_of.setdefault(slots, (rows, slots, t_cap))
         batches = list(first_of.values())
         self._uncompiled = [(self._trace_prefill, (solo_chunk, 0)), (self._trace_prefill, (chunk, solo_chunk)),
-                            *((self._trace_step, (*batch, chunk - batch[0])) for batch in batches),
-                            *((self._trace_step, (*batches[-1], c - batches[-1][0])) for c in smaller if batches)
+                            *((self._trace_step, (*batch, chunk - batch[0])) for batch in batches)
                             ] if compiles_kernels_on_first_use() else []
         self._todo = _interleave(((self._trace_step, s) for s in shapes),
                                  ((self._trace_seams, (n,)) for n in lengths))

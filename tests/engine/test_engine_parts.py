@@ -103,40 +103,6 @@ def test_scheduler_decodes_everyone_and_chunks_prompts_with_the_rest():
     assert all(sl.seq is not done for sl in crowded)
 
 
-def test_a_mixed_step_that_runs_long_halves_the_next_one_s_budget():
-    s = Scheduler(token_budget=256, min_prefill_chunk=32, mixed_step_s=0.05)
-    pacer = s.pacer
-    assert pacer.budgets() == [256, 128, 64]
-    decoding, prompt = [_Seq(False, 1) for _ in range(8)], _Seq(True, 5000)
-    assert s.next_step(decoding + [prompt])[-1].n == 248
-    pacer.observe(0.5, prompt_tokens=2000, decode_tokens=0)  # a prompt read alone: nobody waited
-    assert pacer.budget == 256
-    for _ in range(5):
-        pacer.observe(0.01, prompt_tokens=0, decode_tokens=8)  # decode-only steps: 10 ms
-    pacer.observe(0.12, prompt_tokens=248, decode_tokens=8)  # over 50 ms
-    assert pacer.budget == 128 and s.next_step(decoding + [prompt])[-1].n == 120
-    pacer.observe(0.07, prompt_tokens=120, decode_tokens=8)
-    pacer.observe(0.06, prompt_tokens=56, decode_tokens=8)
-    assert pacer.budget == 64  # the floor: twice the smallest chunk
-    pacer.observe(0.04, prompt_tokens=56, decode_tokens=8)  # within the target: kept
-    assert pacer.budget == 64
-    pacer.observe(0.02, prompt_tokens=56, decode_tokens=8)  # under half of it: doubled back
-    assert pacer.budget == 128
-
-
-def test_where_a_decode_step_is_slow_a_mixed_step_may_take_two():
-    pacer = Scheduler(token_budget=256, min_prefill_chunk=32, mixed_step_s=0.05).pacer
-    for _ in range(20):
-        pacer.observe(0.25, prompt_tokens=0, decode_tokens=8)  # a CPU: 250 ms a decode step
-    pacer.observe(0.45, prompt_tokens=248, decode_tokens=8)  # under 2 x 250 ms
-    assert pacer.budget == 256
-    pacer.observe(2.3, prompt_tokens=248, decode_tokens=8)
-    assert pacer.budget == 128
-    fixed = Scheduler(token_budget=256, min_prefill_chunk=32, mixed_step_s=0.0).pacer
-    fixed.observe(5.0, prompt_tokens=248, decode_tokens=8)
-    assert fixed.budget == 256 and fixed.budgets() == [256]
-
-
 def test_masks_unpack_bits_per_row():
     logits = mx.zeros((2, 70))
     words = mx.array([1 << 5, 0, 1 << 3], dtype=mx.uint32)  # tokens 5 and 67
