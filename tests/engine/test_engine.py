@@ -132,8 +132,12 @@ def test_a_broken_engine_answers_every_request_and_says_why(tiny_llama, monkeypa
 
 
 @pytest.mark.model
-def test_smollm2_batched_greedy_equals_alone(smollm2):
+@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
+def test_smollm2_batched_greedy_equals_alone(smollm2, composed, monkeypatch):
+    from locals.engine.forward import chunk_attention
     from locals.engine.load.templates import render_prompt
+
+    monkeypatch.setattr(chunk_attention, "ON_CUDA", composed)  # prompt chunks as a CUDA GPU attends them
 
     questions = ["What is the capital of France?", "Write a haiku about the sea.",
                  "Count from 1 to 10.", "Name three colors."]

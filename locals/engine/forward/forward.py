@@ -16,6 +16,7 @@ import numpy as np
 
 from locals.engine.forward.batch_plan import BatchPlan
 from locals.engine.forward.choices import ForwardChoices
+from locals.engine.forward.chunk_attention import chunk_attention
 from locals.engine.forward.compiled import CompiledBlocks, step_attention
 from locals.engine.forward.kv import RowKV
 from locals.engine.forward.layer_pass import DEFAULT, finish, lm_head, project
@@ -183,10 +184,8 @@ def _row_attention(kv: RowKV, li: int, q: mx.array, k: mx.array, v: mx.array, sc
     n = q.shape[0]
     k, v = k.transpose(2, 1, 0, 3), v.transpose(2, 1, 0, 3)
     keys, values = kv.layers[li].update_and_fetch(k, v)
-    # "causal" aligns the queries to the end of the keys, i.e. after the cached prefix.
-    o = mx.fast.scaled_dot_product_attention(
-        q.transpose(2, 1, 0, 3), keys, values, scale=scale, mask="causal" if n > 1 else None,
-    )
+    # Causal with the queries aligned to the end of the keys, i.e. after the cached prefix.
+    o = chunk_attention(q.transpose(2, 1, 0, 3), keys, values, scale)
     return o.transpose(2, 1, 0, 3).reshape(n, -1)
 
 
