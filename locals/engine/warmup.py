@@ -51,8 +51,9 @@ class ShapeWarmer:
     (`CompiledBlocks.on_demand` off): slower, but nothing waits for a trace.
 
     On a GPU, before any of them and always before ready: the passes that run uncompiled at any
-    shape — a prompt's first chunk read alone (`solo_chunk` tokens) and a chunk after it, and a
-    chunk beside decoding batches. They compile no graph, but on a GPU new to MLX each meets
+    shape — a prompt's first chunk read alone (`solo_chunk` tokens), a chunk after it and one
+    far enough in for MLX's fused attention (forward/chunk_attention.py), and a chunk beside
+    decoding batches. They compile no graph, but on a GPU new to MLX each meets
     kernels MLX compiles on first use, tens of seconds each on an H200 (docs/arch/engine.md,
     "Shapes"); MLX keeps those on disk, so only a machine's first start pays them, and pays them
     here instead of in its first requests. A CPU compiles no kernels: it skips them."""
@@ -69,6 +70,7 @@ class ShapeWarmer:
                 first_of.setdefault(slots, (rows, slots, t_cap))
         batches = list(first_of.values())
         self._uncompiled = [(self._trace_prefill, (solo_chunk, 0)), (self._trace_prefill, (chunk, solo_chunk)),
+                            (self._trace_prefill, (solo_chunk, 2 * solo_chunk)),  # past chunk_attention's composed size
                             *((self._trace_step, (*batch, chunk - batch[0])) for batch in batches)
                             ] if compiles_kernels_on_first_use() else []
         self._todo = _interleave(((self._trace_step, s) for s in shapes),

@@ -105,14 +105,15 @@ def _traces_until_ready(tiny_llama, caplog) -> tuple[list[str], dict]:
 
 
 def test_before_ready_the_uncompiled_passes_run_whatever_the_budget(tiny_llama, caplog, monkeypatch):
-    # A prompt's first chunk read alone and the next, and a chunk beside 4- and 8-row batches: on a
+    # A prompt's first chunk read alone, the next, one past the composed attention's size, and a
+    # chunk beside 4- and 8-row batches: on a
     # GPU new to MLX each meets kernels MLX compiles on first use, so they run before ready, not in a
     # request (a CPU compiles none and skips them: made to run them here).
     monkeypatch.setattr(warmup, "compiles_kernels_on_first_use", lambda: True)
     traced, extra = _traces_until_ready(tiny_llama, caplog)
-    assert extra["compiled_shapes"] >= 5  # four uncompiled passes, then one shape at least
-    assert traced[:4] == ["compiled prefill (512, 0)", "compiled prefill (64, 512)", "compiled step (4, 4, 256, 60)",
-                          "compiled step (8, 8, 256, 56)"]
+    assert extra["compiled_shapes"] >= 6  # five uncompiled passes, then one shape at least
+    assert traced[:5] == ["compiled prefill (512, 0)", "compiled prefill (64, 512)", "compiled prefill (512, 1024)",
+                          "compiled step (4, 4, 256, 60)", "compiled step (8, 8, 256, 56)"]
 
 
 def test_a_cpu_compiles_no_kernels_and_skips_the_uncompiled_passes(tiny_llama, caplog):
