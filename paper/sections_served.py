@@ -127,14 +127,18 @@ def _kernels(f: Result) -> str:
     if not held:
         return ""
     commands = held if isinstance(held, list) else [held]  # a merged report: one per command
-    kept = [any((h or {}).values()) for h in commands]
     merged = f" Its rounds ran as {len(commands)} commands in a row on one machine." if len(commands) > 1 else ""
-    if not any(kept):
-        return merged + " Each server's CUDA kernel folder was empty at the start: its first round compiled its kernels."
-    if all(kept):
+    kept = {server: sum(bool((h or {}).get(server)) for h in commands)
+            for server in dict.fromkeys(s for h in commands for s in (h or {}))}
+    if not any(kept.values()):
+        return merged + (" Each server's CUDA kernel folder was empty at the start: its first round compiled "
+                         "its kernels.")
+    if all(n == len(commands) for n in kept.values()):
         return merged + " Each server's CUDA kernel folder was kept from an earlier run (warm starts)."
-    return merged + (f" Each server's CUDA kernel folder was empty at the start of {kept.count(False)} of them "
-                     "(cold rounds) and kept from an earlier run in the others (warm starts).")
+    each = [f"{server} " + ("kept from an earlier run" if n == len(commands) else "empty" if not n else
+                              f"empty in {len(commands) - n} of {len(commands)} commands")
+            for server, n in kept.items()]
+    return merged + f" CUDA kernel folders at the start: {'; '.join(each)} (cold rounds compile their kernels)."
 
 
 def served_traffic(results: list[Result]) -> Section:

@@ -251,7 +251,8 @@ class Engine:
             steps=c.steps,
             extra={"finish_reasons": dict(c.finish_reasons), "tuned_layers": self.patched_layers,
                    "untuned_pairs": self.untuned_pairs, **compile_stats(self.warmer, self.runner.compiled),
-                   "step_intervals": c.intervals.summary(), "slow_steps": c.slow_steps, "slowest_step_s": round(c.slowest_step_s, 3),
+                   "step_intervals": c.intervals.summary(),
+                   "slow_steps": c.slow_steps, "slowest_step_s": round(c.slowest_step_s, 3),
                    "generating_tokens": sum(len(s.generated) for s in active),  # not in the total yet
                    "fused_kernel_layers": self.fused_kernel_layers, "folded_in_matmuls": self._folded_in_matmuls(),
                    "drafted_tokens": c.drafted_tokens_total, "accepted_draft_tokens": c.accepted_tokens_total,

@@ -160,4 +160,7 @@ def test_a_served_caption_says_whether_its_rounds_started_cold_or_warm():
     assert "was empty at the start" in said({"locals": 0, "mlx_lm.server": 0})
     assert "kept from an earlier run" in said({"locals": 40, "mlx_lm.server": 90})
     mixed = said([{"locals": 0, "mlx_lm.server": 0}, {"locals": 40, "mlx_lm.server": 90}])
-    assert mixed.startswith(" Its rounds ran as 2 commands in a row") and "empty at the start of 1 of them" in mixed
+    assert mixed == (" Its rounds ran as 2 commands in a row on one machine. CUDA kernel folders at the start: "
+                     "locals empty in 1 of 2 commands; mlx_lm.server empty in 1 of 2 commands (cold rounds "
+                     "compile their kernels).")
+    assert "locals kept from an earlier run; mlx_lm.server empty" in said({"locals": 27, "mlx_lm.server": 0})
