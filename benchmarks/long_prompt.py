@@ -3,11 +3,13 @@ while it is read, and its time to first token — locals' engine against mlx-lm'
 
     python benchmarks/long_prompt.py                       # CPU: 2k-token prompt, both on dense f32
     python benchmarks/long_prompt.py --random-model qwen3-4b --long 8192   # GPU
+    python benchmarks/long_prompt.py --random-model qwen3-4b --long 2048 --stream-len 6000   # as served agents
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import threading
@@ -106,6 +108,11 @@ def main() -> None:
     ap.add_argument("--long", type=int, default=2048, help="tokens in the long prompt")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--budget", type=int, default=None, help="locals' step token budget (default: EngineConfig's)")
+    ap.add_argument("--stream-len", type=int, default=32, help="prompt tokens of each decoding stream (served "
+                    "agents decode at thousands)")
+    ap.add_argument("--compile-max-tokens", type=int, default=None,
+                    help="locals' passes up to this many tokens run compiled (default: ForwardChoices'); 256 makes "
+                         "a step reading a prompt beside the streams one compiled shape")
     args = ap.parse_args()
 
     from locals.engine.engine import Engine
@@ -119,23 +126,29 @@ def main() -> None:
     config = EngineConfig(prefix_cache_bytes=0)
     if args.budget:
         config.step_token_budget = args.budget
+    if args.compile_max_tokens is not None:
+        config.forward = dataclasses.replace(config.forward, compile_max_tokens=args.compile_max_tokens)
     engine = Engine(ours, config)
     engine.start()
-    streams = prompts(ours.tokenizer, STREAMS, 32)
+    streams = prompts(ours.tokenizer, STREAMS, args.stream_len)
     try:
         res = interleaved(args.rounds, {
             # A fresh long prompt each round (no reuse between rounds, whatever the cache).
             "locals": lambda: run_locals(engine, streams, prompts(ours.tokenizer, 1, args.long, seed=time.time_ns())[0]),
             "mlx-lm": lambda: run_mlx_lm(theirs, streams, prompts(ours.tokenizer, 1, args.long, seed=time.time_ns())[0]),
         })
+        intervals = engine.stats().extra["step_intervals"]  # the engine's own: decode-only and mixed steps
     finally:
         engine.stop()
+    print(f"locals steps: {intervals}")
     table = {name: {k: summary([r[k] for r in runs]) for k in runs[0]} for name, runs in res.items()}
     for name, row in table.items():
         print(f"{name:7s} max gap {row['max_gap_s']['median']:.3f}s (usual {row['usual_gap_s']['median']:.3f}s)"
               f"  long-prompt TTFT {row['ttft_s']['median']:.2f}s")
     path = write_results("long_prompt", {"model": label, "long_tokens": args.long, "streams": STREAMS,
                                          "step_token_budget": config.step_token_budget,
+                                         "stream_len": args.stream_len, "step_intervals": intervals,
+                                         "compile_max_tokens": config.forward.compile_max_tokens,
                                          "rounds": args.rounds, "results": table, "argv": sys.argv[1:]})
     print(f"results: {path}")
 
