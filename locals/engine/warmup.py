@@ -31,17 +31,20 @@ WARM_KV_SHARE = 8
 
 
 def step_shapes(max_batch: int, max_positions: int, kv_positions: int) -> list[tuple[int, int, int]]:
-    """(rows, slots, capacity) of whole decode steps, smallest batch first (the likeliest): one
-    row alone in 4 slots, or as many rows as slots (forward.py's `step_rows`; slots are powers
-    of two from 4, kv.py), capacities up to `max_positions` (the model's context), batches of
-    at most `kv_positions`."""
+    """(rows, slots, capacity) of whole decode steps, the fewest slots first and every capacity
+    of each (the likeliest: agents' contexts run to thousands of tokens, their batches are
+    few; ordered by slots x capacity, 8 served agents at 8k tokens met their step uncompiled
+    while 32- and 64-slot steps at short capacities were ready, docs/benchmarks-log.md,
+    "Attention graphs built per prompt length"): one row alone in 4 slots, or as many rows as
+    slots (forward.py's `step_rows`; slots are powers of two from 4, kv.py), capacities up to
+    `max_positions` (the model's context), batches of at most `kv_positions`."""
     capacities = [token_capacity(1)]
     while capacities[-1] < max_positions:
         capacities.append(token_capacity(capacities[-1] + 1))
     slots = sorted({row_capacity(n) for n in range(1, max_batch + 1)})
     shapes = [(rows, n_slots, t_cap) for t_cap in capacities
               for rows, n_slots in [(1, 4)] + [(n, n) for n in slots] if n_slots * t_cap <= kv_positions]
-    return sorted(shapes, key=lambda s: (s[1] * s[2], s[0]))
+    return sorted(shapes, key=lambda s: (s[1], s[0], s[2]))
 
 
 class ShapeWarmer:

@@ -32,10 +32,13 @@ def test_the_shapes_cover_every_batch_a_step_can_meet(max_batch):
                 assert (step_rows(members, slots), slots, token_capacity(positions)) in shapes
 
 
-def test_kv_budget_bounds_each_shape_and_small_batches_come_first():
+def test_kv_budget_bounds_each_shape_and_few_slots_come_first_at_every_capacity():
     shapes = step_shapes(64, 40960, 64 * 1024)
     assert shapes and all(slots * t_cap <= 64 * 1024 for _rows, slots, t_cap in shapes)
-    assert shapes[0] == (1, 4, 256) and [s * t for _r, s, t in shapes] == sorted(s * t for _r, s, t in shapes)
+    assert shapes == sorted(shapes, key=lambda s: (s[1], s[0], s[2]))
+    assert shapes[:3] == [(1, 4, 256), (1, 4, 384), (1, 4, 512)]
+    # 8 agents at 8k tokens come before 16 rows at 256.
+    assert shapes.index((8, 8, 8192)) < shapes.index((16, 16, 256))
 
 
 def test_after_compiling_ahead_requests_run_no_pass_uncompiled(tiny_llama):
