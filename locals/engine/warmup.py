@@ -24,20 +24,20 @@ from locals.engine.forward.kv import DecodeBatch, RowKV, row_capacity, token_cap
 from locals.engine.load.backend import release_memory
 
 log = logging.getLogger(__name__)
-# A shape compiled ahead allocates its batch for a moment: at most this share of the KV budget
-# (the whole context ahead exhausted a 24 GB machine). Larger batches run uncompiled: their
-# attention dominates a step, not the host's work.
-WARM_KV_SHARE = 8
+# A shape compiled ahead allocates its batch for a moment: at most 1/WARM_KV_SHARE of the KV
+# budget (the whole context ahead exhausted a 24 GB machine). Larger batches run uncompiled.
+# An eighth left out 8 agents at 8–12k tokens on an H200 (a third of their steps ran uncompiled,
+# docs/benchmarks-log.md, "Attention graphs built per prompt length"); a quarter takes them in.
+WARM_KV_SHARE = 4
 
 
 def step_shapes(max_batch: int, max_positions: int, kv_positions: int) -> list[tuple[int, int, int]]:
     """(rows, slots, capacity) of whole decode steps, the fewest slots first and every capacity
     of each (the likeliest: agents' contexts run to thousands of tokens, their batches are
-    few; ordered by slots x capacity, 8 served agents at 8k tokens met their step uncompiled
-    while 32- and 64-slot steps at short capacities were ready, docs/benchmarks-log.md,
-    "Attention graphs built per prompt length"): one row alone in 4 slots, or as many rows as
-    slots (forward.py's `step_rows`; slots are powers of two from 4, kv.py), capacities up to
-    `max_positions` (the model's context), batches of at most `kv_positions`."""
+    few; docs/benchmarks-log.md, "Attention graphs built per prompt length"): one row alone
+    in 4 slots, or as many rows as slots (forward.py's `step_rows`; slots are powers of two
+    from 4, kv.py), capacities up to `max_positions` (the model's context), batches of at most
+    `kv_positions`."""
     capacities = [token_capacity(1)]
     while capacities[-1] < max_positions:
         capacities.append(token_capacity(capacities[-1] + 1))
