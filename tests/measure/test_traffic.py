@@ -235,3 +235,12 @@ def test_reports_of_commands_in_a_row_merge_into_one_run_s_rounds():
     other = _report({"locals": [_round(12, 280)]}, 1) | {"agents": [16]}
     with pytest.raises(ValueError, match="b.json ran other agents than a.json"):
         merge([first, other], ["a.json", "b.json"])
+
+
+def test_server_stats_are_none_for_a_peer_and_for_a_server_that_does_not_answer():
+    import dataclasses
+
+    gone = srv.Running(fake_server("a"), process=None, port=srv.free_port(), zero=0.0)  # nobody listens there
+    assert srv.engine_stats(gone) is None  # no stats endpoint: a peer
+    asking = dataclasses.replace(gone, spec=dataclasses.replace(gone.spec, stats_path="/v1/locals/status"))
+    assert srv.engine_stats(asking) is None  # it has one, but nothing answers
