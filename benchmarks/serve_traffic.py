@@ -50,8 +50,9 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--servers", default="locals,mlx_lm.server")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-minutes", type=float, default=8.5,
-                        help="start no server round that would likely end after this (default 8.5: a device "
-                             "command stops at 10 minutes, and the model is written first)")
+                        help="start no server round that would likely end after this, judged by that server's "
+                             "earlier rounds; a server's first round starts while time is left (default 8.5: a "
+                             "device command stops at 10 minutes, and the model is written first)")
     parser.add_argument("--quick", action="store_true", help="1/8 agents, 2 rounds, 1 turn, sizes x 0.5")
     parser.add_argument("--kernels", type=Path, default=None,
                         help="GPU: keep each server's CUDA kernel folder under this folder; a later run given "

@@ -213,6 +213,18 @@ def test_the_time_limit_skips_rounds_that_would_overrun(tmp_path):
     assert "over 1 round (3 asked)" in table(report).title
 
 
+def test_each_server_s_first_round_starts_whatever_another_server_took(tmp_path):
+    # a's round takes 4 s or more (two requests of 2 s to a first token), b's well under 2.
+    plan = Plan((fake_server("a", "--ttft", "2"), fake_server("b")), agents=(1,), rounds=2,
+                workload=Workload(turns=1, size_scale=0.01, time_scale=0.0), time_limit_s=6.0)
+    report = run(plan, tmp_path, lambda _: None)
+    a_took = report["runs"]["a"][0]
+    assert a_took.get("error") is None and a_took["phases"]["1"]["figures"]["wait_s"] >= 2
+    # Judged by a's 4 s, b's first round would have been skipped; judged by its own, it runs.
+    assert report["runs"]["b"][0].get("error") is None
+    assert report["runs"]["a"][1]["error"].startswith("skipped")
+
+
 def _report(runs, rounds, **extra):
     report = {"servers": {"locals": {}, "mlx_lm.server": {}}, "agents": [8], "workload": {"turns": 2},
               "model": "qwen3-4b", "backend": "cuda", "weights": {}, "rounds": rounds, "runs": runs, **extra}
