@@ -140,7 +140,6 @@ class Engine:
         self._submit_lock = threading.Lock()
         self._stopping = threading.Event()
         self._kv_bytes = 0
-        self._idled = True  # whether the loop waited for work since the last step was read
         self._pump = self.prefix_cache.pump  # a bounded slice of a disk tier's copy (nothing without one)
 
     # --- public surface -------------------------------------------------------------------
@@ -289,7 +288,8 @@ class Engine:
                     # returns to its idle size between bursts of agents.
                     release_memory()
                 busy = not idle
-                self._idled = self._idled or idle  # the next read's interval held a wait for work
+                if idle:
+                    self.counters.intervals.waited()
                 warming = self.warmer is not None and not self.warmer.done
                 if idle and warming and self._inbox.empty():
                     self.warmer.warm(0.0)  # one shape: a request arriving now waits for one trace at most
@@ -471,8 +471,7 @@ class Engine:
             return
         now = time.perf_counter()
         self.counters.note_step(now - step.started, step, self.runner.compiled.uncompiled_passes)
-        self.counters.intervals.add(now, step.prefill_tokens, busy=not self._idled)
-        self._idled = False
+        self.counters.intervals.add(now, step.prefill_tokens)
         self.counters.decode.add(step.emitted, now, step.started)
         self.counters.drafted_tokens_total += step.drafted
         self.counters.accepted_tokens_total += step.accepted

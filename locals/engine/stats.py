@@ -52,9 +52,13 @@ class StepIntervals:
         self._last: float | None = None
         self._kinds = {"decode": deque(maxlen=keep), "with_prompt": deque(maxlen=keep)}
 
-    def add(self, now: float, prompt_tokens: int, busy: bool) -> None:
-        """One step read at `now`; an interval that began while nothing ran is not counted."""
-        if busy and self._last is not None:
+    def waited(self) -> None:
+        """The engine waited for work: the next read's interval is no gap a row saw."""
+        self._last = None
+
+    def add(self, now: float, prompt_tokens: int) -> None:
+        """One step read at `now`."""
+        if self._last is not None:
             self._kinds["with_prompt" if prompt_tokens else "decode"].append(now - self._last)
         self._last = now
 

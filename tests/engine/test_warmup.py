@@ -83,11 +83,12 @@ def test_a_slow_step_is_counted_and_logged_with_its_shape(caplog):
 
 def test_step_intervals_count_busy_reads_apart_by_kind():
     intervals = StepIntervals(keep=100)
-    intervals.add(10.0, prompt_tokens=0, busy=True)  # the first read has nothing before it
+    intervals.add(10.0, prompt_tokens=0)  # the first read has nothing before it
     for i in range(1, 101):
-        intervals.add(10.0 + 0.01 * i, prompt_tokens=0, busy=True)
-    intervals.add(11.5, prompt_tokens=200, busy=True)  # a mixed pass: 500 ms after the last read
-    intervals.add(30.0, prompt_tokens=0, busy=False)  # after a wait for work: not a gap anyone saw
+        intervals.add(10.0 + 0.01 * i, prompt_tokens=0)
+    intervals.add(11.5, prompt_tokens=200)  # a mixed pass: 500 ms after the last read
+    intervals.waited()
+    intervals.add(30.0, prompt_tokens=0)  # after a wait for work: not a gap anyone saw
     summary = intervals.summary()
     assert summary["decode"] == {"steps": 100, "p50_ms": 10.0, "p99_ms": 10.0, "max_ms": 10.0}
     assert summary["with_prompt"] == {"steps": 1, "p50_ms": 500.0, "p99_ms": 500.0, "max_ms": 500.0}
