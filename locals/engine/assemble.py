@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 DISK_CACHE_BYTES = 4 * 1024**3
 # Seconds of decode-step compiles before the server says ready (the rest follow while idle, and
-# a shape not compiled yet runs uncompiled): the smallest batches are ready for a first request,
+# a shape not compiled yet runs uncompiled): the fewest rows are ready for a first request,
 # and a cold start pays seconds, not the 9 s that 8 s of compiles cost on a 2-core CPU
 # (docs/benchmarks.md, "Served traffic").
 WARM_UP_S = 4.0
