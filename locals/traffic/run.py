@@ -129,7 +129,7 @@ def finish(report: dict) -> dict:
 
 
 # What must agree for reports to be one run's rounds: the servers, the traffic and the machine.
-SAME_RUN = ("servers", "agents", "workload", "model", "backend", "weights")
+SAME_RUN = ("servers", "agents", "workload", "model", "backend", "weights", "machine")
 
 
 def merge(reports: list[dict], names: list[str]) -> dict:
