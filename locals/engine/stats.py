@@ -96,6 +96,13 @@ class Counters:
     prefill: RateMeter = field(default_factory=RateMeter)
     intervals: StepIntervals = field(default_factory=StepIntervals)
 
+    def extra(self) -> dict:
+        """What `Engine.stats()` reports of these counters in its `extra`."""
+        return {"finish_reasons": dict(self.finish_reasons), "step_intervals": self.intervals.summary(),
+                "slow_steps": self.slow_steps, "slowest_step_s": round(self.slowest_step_s, 3),
+                "drafted_tokens": self.drafted_tokens_total, "accepted_draft_tokens": self.accepted_tokens_total,
+                "taken_back_tokens": self.taken_back_total, "masks_after_steps": self.masks_after_total}
+
     def note_step(self, took: float, step, uncompiled_passes: int) -> None:
         """Keep the slowest step's time; count and log a slow one (`step`: step.Launched, its rows
         and prompt tokens)."""

@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from locals.engine.load.backend import detect
+
 # Queries x keys per head up to which a CUDA chunk is composed: about where the scores' extra
 # reads and writes (36 layers) cost what one cuDNN graph build does, 1,024 queries at 8k keys.
 COMPOSED_MAX_SCORES = 1 << 23
 
 
-def _on_cuda() -> bool:
-    cuda = getattr(mx, "cuda", None)
-    return cuda is not None and cuda.is_available() and mx.default_device() == mx.gpu
-
-
-ON_CUDA = _on_cuda()
+ON_CUDA = detect().kind == "cuda"
 
 
 def chunk_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
