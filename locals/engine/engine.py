@@ -22,6 +22,7 @@ import mlx.core as mx
 from locals.engine.load.backend import release_memory
 from locals.engine.admission import ADMIT, WAIT, Admission, KVBudgetAdmission
 from locals.engine.rows.guards import GuardFactory, make_guards
+from locals.engine.forward import chunk_attention
 from locals.engine.forward.forward import CompiledBlocks, supports_ragged
 from locals.engine.inbox import Cancel, Message, Sink, Submit, Wake
 from locals.engine.forward.fuse import fuse_projections
@@ -117,8 +118,8 @@ class Engine:
         self.prefix_cache = prefix_cache
         self.admission = admission or KVBudgetAdmission(self.kv_budget, self.bytes_per_token)
         self.guard_factories = list(guards)
-        self.scheduler = Scheduler(self.config.step_token_budget, self.config.min_prefill_chunk)
         cfg = self.config
+        self.scheduler = Scheduler(cfg.step_token_budget, cfg.min_prefill_chunk, cfg.solo_prefill_factor)
         self.draft_policy = DraftPolicy(max_draft=cfg.max_draft) if cfg.speculate and cfg.max_draft > 0 else None
         self.runner = StepRunner(self.model, on_cache_point=self._insert_prefix,
                                  speculate_max_rows=cfg.speculate_max_rows, choices=cfg.forward)
@@ -300,7 +301,7 @@ class Engine:
                     launched = self._launch_masked(launched)  # next pass queued, then masks
                     self._reap()
                     continue
-                if masks or drafts:
+                if masks or drafts or (waits and self._next_step_runs_while_built()):
                     self._process(launched)
                     launched = None
                 slots = self.scheduler.next_step(self._active)
@@ -335,6 +336,11 @@ class Engine:
         (1129 vs 980 tokens/s with 6 small tools, docs/benchmarks.md, constrained decoding)."""
         return self.config.pipeline_masks and all(
             s.sampled_since_forced >= FREE_RUN for s in self._active if s.needs_sync)
+
+    def _next_step_runs_while_built(self) -> bool:
+        """Whether building the next step evaluates it (its prompt chunks' softmax runs on the
+        host, chunk_attention.py): then the step in flight is read first, not after that build."""
+        return chunk_attention.SOFTMAX_ON_HOST and any(s.seq.prefilling for s in self.scheduler.next_step(self._active))
 
     def _sync_for_drafts(self) -> bool:
         """Whether a row wants to draft in a batch small enough to verify drafts (its token is read first)."""

@@ -54,15 +54,11 @@ class PrefillManager:
         return slots
 
 
-# With no row decoding, nobody's stream can stall: prompts are read in chunks this many
-# times the budget (bigger matmuls, fewer steps; on GPUs 256-token chunks leave most of it idle).
-SOLO_PREFILL_FACTOR = 8
-
-
 class Scheduler:
-    """Decode rows first (their streams must not stall), then prompt chunks with the rest."""
+    """Decode rows first (their streams must not stall), then prompt chunks with the rest; with
+    no row decoding, nobody's stream can stall: prompts are read `solo_factor` budgets a step."""
 
-    def __init__(self, token_budget: int, min_prefill_chunk: int, solo_factor: int = SOLO_PREFILL_FACTOR):
+    def __init__(self, token_budget: int, min_prefill_chunk: int, solo_factor: int = 1):
         self.token_budget = token_budget
         self.solo_budget = token_budget * max(solo_factor, 1)
         self.decode = DecodeManager()

@@ -21,6 +21,12 @@ class EngineConfig:
     # Tokens one forward pass may carry (decode rows count 1 each); prompts are
     # read in chunks of what is left, so a long prompt never stalls the others for long.
     step_token_budget: int = 256
+    # With no row decoding, prompts are read in chunks this many times the budget: bigger matmuls,
+    # fewer steps (on a GPU 256-token chunks leave most of it idle). On the CPU a chunk's softmax
+    # grows with its keys and the matmuls are as fast at 256: a 2,048-token prompt read in 2,048-
+    # token chunks took 13 s, in 256-token chunks 7-8 (docs/benchmarks-log.md, "CPU: a prompt
+    # chunk's softmax in numpy").
+    solo_prefill_factor: int = field(default_factory=lambda: default_solo_prefill_factor())
     # Smallest prompt chunk per step, even when decode rows used up the budget, so
     # prefill always advances.
     min_prefill_chunk: int = 32
@@ -66,3 +72,10 @@ def default_prefix_cache_bytes() -> int:
     """A quarter of the memory available now (at least 256 MiB): one 16k-token prompt of a
     4B model is ~2.4 GB of KV, and a budget below one entry keeps nothing."""
     return max(256 * 1024 * 1024, int(psutil.virtual_memory().available * 0.25))
+
+
+def default_solo_prefill_factor() -> int:
+    """8 on a GPU, 1 on the CPU (see `EngineConfig.solo_prefill_factor`)."""
+    from locals.engine.load.backend import detect
+
+    return 1 if detect().kind == "cpu" else 8

@@ -132,12 +132,13 @@ def test_a_broken_engine_answers_every_request_and_says_why(tiny_llama, monkeypa
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
-def test_smollm2_batched_greedy_equals_alone(smollm2, composed, monkeypatch):
+@pytest.mark.parametrize("route", ["fused", "composed", "host"])
+def test_smollm2_batched_greedy_equals_alone(smollm2, route, monkeypatch):
     from locals.engine.forward import chunk_attention
     from locals.engine.load.templates import render_prompt
 
-    monkeypatch.setattr(chunk_attention, "ON_CUDA", composed)  # prompt chunks as a CUDA GPU attends them
+    monkeypatch.setattr(chunk_attention, "ON_CUDA", route == "composed")  # prompt chunks as a CUDA GPU attends them
+    monkeypatch.setattr(chunk_attention, "SOFTMAX_ON_HOST", route == "host")  # as the CPU does
 
     questions = ["What is the capital of France?", "Write a haiku about the sea.",
                  "Count from 1 to 10.", "Name three colors."]
@@ -191,7 +192,7 @@ def test_a_cancelled_prompt_read_is_resumed_by_the_same_prompt_again(tiny_llama)
     """A client that timed out while its long prompt was read sends it again: the second read
     starts where the first stopped, and the reply is the same as a cold one."""
     prompt = make_prompts(tiny_llama.tokenizer, [200])[0]
-    settings = dict(step_token_budget=4, min_prefill_chunk=4)  # 32-token chunks when alone: 7 steps
+    settings = dict(step_token_budget=4, min_prefill_chunk=4, solo_prefill_factor=8)  # 32-token chunks alone: 7 steps
     cold = Engine(tiny_llama, EngineConfig(**settings, prefix_cache_bytes=0))
     cold.start()
     try:

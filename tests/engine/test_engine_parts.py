@@ -168,11 +168,12 @@ def test_sampling_params_name_the_value_out_of_range():
     assert "min_p" in SamplingParams(min_p=2).problem()
 
 
-@pytest.mark.parametrize("composed", [False, True], ids=["fused", "composed"])
-def test_ragged_forward_matches_plain_model(tiny_llama, composed, monkeypatch):
+@pytest.mark.parametrize("route", ["fused", "composed", "host"])
+def test_ragged_forward_matches_plain_model(tiny_llama, route, monkeypatch):
     from locals.engine.forward import chunk_attention
 
-    monkeypatch.setattr(chunk_attention, "ON_CUDA", composed)  # prompt chunks as a CUDA GPU attends them
+    monkeypatch.setattr(chunk_attention, "ON_CUDA", route == "composed")  # prompt chunks as a CUDA GPU attends them
+    monkeypatch.setattr(chunk_attention, "SOFTMAX_ON_HOST", route == "host")  # as the CPU does
     model = tiny_llama.model
     a, b = mx.array(list(range(10, 30))), mx.array([5, 6, 7])
     ka, kb = RowKV(len(model.layers)), RowKV(len(model.layers))

@@ -97,7 +97,8 @@ def test_step_intervals_count_busy_reads_apart_by_kind():
 def _traces_until_ready(tiny_llama, caplog) -> tuple[list[str], dict]:
     """What an engine that compiles ahead (a tiny budget) traced before it said ready, and its stats then."""
     engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=8, speculate=False, warm_up_s=1e-6,
-                                             step_token_budget=64, kv_budget_bytes=64 << 20))
+                                             step_token_budget=64, solo_prefill_factor=8,  # a GPU's
+                                             kv_budget_bytes=64 << 20))
     with caplog.at_level("DEBUG", logger="locals.engine.warmup"):
         engine.start()
         try:
