@@ -131,7 +131,8 @@ class Engine:
         self.warmer = (ShapeWarmer(self.model, self.runner, cfg.max_batch, loaded.context_length,
                                    self.kv_budget // WARM_KV_SHARE // max(self.bytes_per_token, 1),
                                    cfg.step_token_budget, self.scheduler.solo_budget)
-                       if cfg.warm_up_s > 0 and self.decode_batch is not None else None)
+                       if cfg.warm_up_s > 0 and cfg.forward.compile_max_tokens and self.decode_batch is not None
+                       else None)
         self.ready = threading.Event()
         self._inbox: queue.Queue[Message] = queue.Queue()
         self._waiting: deque[tuple[GenerationRequest, Sink, float]] = deque()
@@ -340,7 +341,8 @@ class Engine:
     def _next_step_runs_while_built(self) -> bool:
         """Whether building the next step evaluates it (its prompt chunks' softmax runs on the
         host, chunk_attention.py): then the step in flight is read first, not after that build."""
-        return chunk_attention.SOFTMAX_ON_HOST and any(s.seq.prefilling for s in self.scheduler.next_step(self._active))
+        next_step = self.scheduler.next_step(self._active)
+        return chunk_attention.SOFTMAX_ON_HOST and any(s.seq.prefilling for s in next_step)
 
     def _sync_for_drafts(self) -> bool:
         """Whether a row wants to draft in a batch small enough to verify drafts (its token is read first)."""

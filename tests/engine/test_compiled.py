@@ -15,7 +15,7 @@ from locals.engine.forward.fuse import fuse_projections
 from locals.engine.kernels import registry
 from locals.engine.kernels.headprep import cache_verified, spec_of
 from locals.engine.forward.kv import DecodeBatch, RowKV
-from tests.helpers.kernel_models import OpsAttention, OpsHeadPrep, tiny_qwen3
+from tests.helpers.kernel_models import OpsAttention, OpsHeadPrep, as_on_a_gpu, tiny_qwen3
 
 
 def _batch(model, lengths=(5, 9, 14)) -> list[RowKV]:
@@ -36,7 +36,7 @@ def _steps(model, picks: list[list[int]], whole: bool, lengths=(5, 9, 14),
     kv, compiled, out = _batch(model, lengths), CompiledBlocks(), []
     for step, pick in enumerate(picks):
         rows = [RowInput(mx.array([20 + step + i], dtype=mx.int32), 1, kv[i], True) for i in pick]
-        choices = ForwardChoices(whole_steps=whole)
+        choices = as_on_a_gpu(whole_steps=whole)
         out.append(np.array(forward(model, rows, compiled, choices).astype(mx.float32)))
     if caches is not None:
         caches.extend(np.array(a) for a in kv[0].batch.kv)

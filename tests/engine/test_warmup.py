@@ -10,6 +10,7 @@ import pytest
 
 from locals.engine.engine import Engine
 from locals.engine.forward.forward import step_rows
+from locals.engine.load.backend import detect
 from locals.engine.forward.kv import row_capacity, token_capacity
 from locals.engine.settings import EngineConfig
 from locals.engine.stats import SLOW_STEP_S, Counters, StepIntervals
@@ -18,6 +19,11 @@ from locals.engine.warmup import step_shapes
 from locals.protocol import GenerationRequest, SamplingParams
 
 from tests.helpers.engine_runs import Collector, make_prompts, run_alone, wait_for
+from tests.helpers.kernel_models import as_on_a_gpu
+
+# What a GPU's engine does by default and the CPU's does not: compile short passes (and so
+# compile them ahead), and read a prompt alone 8 budgets a step.
+AS_ON_A_GPU = dict(forward=as_on_a_gpu(), solo_prefill_factor=8)
 
 
 @pytest.mark.parametrize("max_batch", [1, 4, 5, 12, 64])
@@ -43,7 +49,7 @@ def test_kv_budget_bounds_each_shape_and_few_slots_come_first_at_every_capacity(
 
 def test_after_compiling_ahead_requests_run_no_pass_uncompiled(tiny_llama):
     engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=4, speculate=False, warm_up_s=0.5,
-                                             kv_budget_bytes=64 << 20))
+                                             kv_budget_bytes=64 << 20, **AS_ON_A_GPU))
     plain = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=4, speculate=False,
                                             kv_budget_bytes=64 << 20))
     engine.start()
@@ -97,8 +103,7 @@ def test_step_intervals_count_busy_reads_apart_by_kind():
 def _traces_until_ready(tiny_llama, caplog) -> tuple[list[str], dict]:
     """What an engine that compiles ahead (a tiny budget) traced before it said ready, and its stats then."""
     engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=8, speculate=False, warm_up_s=1e-6,
-                                             step_token_budget=64, solo_prefill_factor=8,  # a GPU's
-                                             kv_budget_bytes=64 << 20))
+                                             step_token_budget=64, kv_budget_bytes=64 << 20, **AS_ON_A_GPU))
     with caplog.at_level("DEBUG", logger="locals.engine.warmup"):
         engine.start()
         try:
@@ -124,3 +129,16 @@ def test_before_ready_the_uncompiled_passes_run_whatever_the_budget(tiny_llama, 
 def test_a_cpu_compiles_no_kernels_and_skips_the_uncompiled_passes(tiny_llama, caplog):
     traced, _ = _traces_until_ready(tiny_llama, caplog)
     assert traced and not any("prefill" in m for m in traced) and traced[0] == "compiled step (1, 4, 256)"
+
+
+@pytest.mark.skipif(detect().kind != "cpu", reason="the CPU's defaults")
+def test_the_cpu_compiles_nothing_ahead_and_is_ready_at_once(tiny_llama):
+    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=4, warm_up_s=30))
+    engine.start()
+    try:
+        assert engine.ready.wait(10) and engine.warmer is None
+        assert run_alone(engine, make_prompts(tiny_llama.tokenizer, [40])[0], max_tokens=4)[0]
+        extra = engine.stats().extra
+        assert (extra["compiled_shapes"], extra["compiling_ahead"], extra["uncompiled_passes"]) == (0, False, 0)
+    finally:
+        engine.stop()

@@ -8,7 +8,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import qwen3
 
-from locals.engine.forward.choices import ForwardChoices
+from locals.engine.forward.choices import COMPILE_MAX_TOKENS, ForwardChoices
 from locals.engine.forward.forward import RowInput, forward
 from locals.engine.forward.kv import RowKV
 from locals.engine.kernels.decode_attention import DecodeAttention
@@ -55,8 +55,15 @@ class OpsHeadPrep(HeadPrep):
         return q, k_src[:, k_off:k_off + kv_cols], v_src[:, v_off:v_off + kv_cols]
 
 
-def run_forward(model, prompt, compiled, choices: ForwardChoices = ForwardChoices()):
+def as_on_a_gpu(**changes) -> ForwardChoices:
+    """The forward choices a GPU serves with: passes of up to COMPILE_MAX_TOKENS compiled (the CPU's
+    default compiles none, so tests of the compiled graphs ask for them)."""
+    return ForwardChoices(compile_max_tokens=COMPILE_MAX_TOKENS, **changes)
+
+
+def run_forward(model, prompt, compiled, choices: ForwardChoices | None = None):
     """Logits of a prompt chunk, then of two decode steps (through compiled seams if given)."""
+    choices = choices or as_on_a_gpu()
     kv = RowKV(len(model.model.layers))
     out = [forward(model, [RowInput(mx.array(prompt, dtype=mx.int32), len(prompt), kv, True, len(prompt))],
                    choices=choices)]

@@ -10,13 +10,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from locals.engine.forward.choices import ForwardChoices
 from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
 from locals.engine.kernels import decode_attention as da
 from locals.engine.kernels.decode_attention import check, reference, verified, warps_for
 from locals.engine.forward.kv import DecodeBatch, RowKV
 
-from tests.helpers.kernel_models import OpsAttention, tiny_qwen3
+from tests.helpers.kernel_models import OpsAttention, as_on_a_gpu, tiny_qwen3
 
 
 def _per_row(q, cache, slots, lengths, scale) -> np.ndarray:
@@ -88,7 +87,7 @@ def _decode(model, steps: int = 3, lengths=(5, 9, 14), whole: bool = False,
     """Three rows with prompts of `lengths` tokens, then `steps` decode steps in a decode batch,
     each a compiled whole step (`whole`) or compiled seams around eager attention; without
     `attention_kernel`, MLX's attention where the kernel is attached (the benchmarks' baseline)."""
-    choices = ForwardChoices(whole_steps=whole, decode_attention=attention_kernel)
+    choices = as_on_a_gpu(whole_steps=whole, decode_attention=attention_kernel)
     batch = DecodeBatch(len(model.model.layers))
     kv = [RowKV(len(model.model.layers), batch) for _ in range(3)]
     prompts = [[(7 * i + 3 * j) % 250 + 1 for j in range(n)] for i, n in enumerate(lengths)]

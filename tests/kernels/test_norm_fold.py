@@ -18,7 +18,7 @@ from locals.engine.kernels.reference import quantized_matmul, random_problem
 from locals.engine.kernels.registry import TunedQuantizedLinear
 from locals.engine.kernels.tuning.verify import compare
 from locals.engine.forward.kv import DecodeBatch, RowKV
-from tests.helpers.kernel_models import run_forward, tiny_qwen3
+from tests.helpers.kernel_models import as_on_a_gpu, run_forward, tiny_qwen3
 
 BF16 = mx.bfloat16
 
@@ -144,7 +144,7 @@ def test_whole_decode_steps_fold_the_final_norm_into_the_last_down_proj():
         forward(model, [RowInput(mx.array(p, dtype=mx.int32), len(p), c, False) for p, c in zip(prompts, kv)])
         compiled = CompiledBlocks()
         return [np.array(forward(model, [RowInput(mx.array([t + i], dtype=mx.int32), 1, c, True)
-                                         for i, c in enumerate(kv)], compiled).astype(mx.float32))
+                                         for i, c in enumerate(kv)], compiled, as_on_a_gpu()).astype(mx.float32))
                 for t in (7, 11, 13)]
 
     before = run()

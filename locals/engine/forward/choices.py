@@ -8,13 +8,15 @@ is in docs/benchmarks-log.md (the section named beside it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Passes of at most this many tokens (decode steps, short forced or draft chunks) run as compiled
 # graphs: a small-batch decode step is host-bound on a GPU (building the ops in Python was a
 # quarter of it), and compiling removes that work. Longer passes (prompt chunks) are compute-bound
 # and would each compile a new shape. See docs/benchmarks-log.md, "Kernels of one engine step
-# (ncu)", its native profile.
+# (ncu)", its native profile. On the CPU none: there the compiled steps decoded as fast as the
+# eager ones at 64-token prompts and at half their rate at 1,024 (8 rows: 31 against 58 tok/s;
+# docs/benchmarks-log.md, "CPU: compiled steps"), and compiling ahead held requests behind traces.
 COMPILE_MAX_TOKENS = 64
 EVERY_PASS = 1 << 30  # a token limit no pass reaches
 
@@ -39,8 +41,8 @@ class ForwardChoices:
     # A pure decode step as one compiled graph; False runs it as compiled seams between attention
     # calls (docs/benchmarks-log.md, "A decode step as one compiled graph").
     whole_steps: bool = True
-    # Passes up to this many tokens run compiled (0: none).
-    compile_max_tokens: int = COMPILE_MAX_TOKENS
+    # Passes up to this many tokens run compiled (0: none; the CPU's default).
+    compile_max_tokens: int = field(default_factory=lambda: default_compile_max_tokens())
     # Up to how many tokens a pass runs a layer's joined q/k/v and gate/up matmuls (forward/fuse.py);
     # longer passes run the parts, views of the same weights. Joined won at every batch size with the
     # fused q/k kernel (docs/benchmarks-log.md, "Fused layer kernels, joined every pass"); without it see
@@ -48,3 +50,9 @@ class ForwardChoices:
     joined_qkv_max_tokens: int = EVERY_PASS
     joined_gate_up_max_tokens: int = EVERY_PASS
 
+
+def default_compile_max_tokens() -> int:
+    """`COMPILE_MAX_TOKENS` on a GPU, 0 on the CPU (see there)."""
+    from locals.engine.load.backend import detect
+
+    return 0 if detect().kind == "cpu" else COMPILE_MAX_TOKENS
