@@ -22,7 +22,6 @@ import mlx.core as mx
 from locals.engine.load.backend import release_memory
 from locals.engine.admission import ADMIT, WAIT, Admission, KVBudgetAdmission
 from locals.engine.rows.guards import GuardFactory, make_guards
-from locals.engine.forward import chunk_attention
 from locals.engine.forward.forward import CompiledBlocks, supports_ragged
 from locals.engine.inbox import Cancel, Message, Sink, Submit, Wake
 from locals.engine.forward.fuse import fuse_projections
@@ -302,7 +301,7 @@ class Engine:
                     launched = self._launch_masked(launched)  # next pass queued, then masks
                     self._reap()
                     continue
-                if masks or drafts or (waits and self._next_step_runs_while_built()):
+                if masks or drafts:
                     self._process(launched)
                     launched = None
                 slots = self.scheduler.next_step(self._active)
@@ -337,12 +336,6 @@ class Engine:
         (1129 vs 980 tokens/s with 6 small tools, docs/benchmarks.md, constrained decoding)."""
         return self.config.pipeline_masks and all(
             s.sampled_since_forced >= FREE_RUN for s in self._active if s.needs_sync)
-
-    def _next_step_runs_while_built(self) -> bool:
-        """Whether building the next step evaluates it (its prompt chunks' softmax runs on the
-        host, chunk_attention.py): then the step in flight is read first, not after that build."""
-        next_step = self.scheduler.next_step(self._active)
-        return chunk_attention.SOFTMAX_ON_HOST and any(s.seq.prefilling for s in next_step)
 
     def _sync_for_drafts(self) -> bool:
         """Whether a row wants to draft in a batch small enough to verify drafts (its token is read first)."""

@@ -24,8 +24,8 @@ class EngineConfig:
     # With no row decoding, prompts are read in chunks this many times the budget: bigger matmuls,
     # fewer steps (on a GPU 256-token chunks leave most of it idle). On the CPU a chunk's softmax
     # grows with its keys and the matmuls are as fast at 256: a 2,048-token prompt read in 2,048-
-    # token chunks took 13 s, in 256-token chunks 7-8 (docs/benchmarks-log.md, "CPU: a prompt
-    # chunk's softmax in numpy").
+    # token chunks took 13 s, in 256-token chunks 7-8 (docs/benchmarks-log.md, "CPU: attention's
+    # softmax in numpy").
     solo_prefill_factor: int = field(default_factory=lambda: default_solo_prefill_factor())
     # Smallest prompt chunk per step, even when decode rows used up the budget, so
     # prefill always advances.
@@ -34,8 +34,10 @@ class EngineConfig:
     kv_budget_bytes: int | None = None
     # Bytes the in-memory prefix cache may keep; 0 disables it.
     prefix_cache_bytes: int = field(default_factory=lambda: default_prefix_cache_bytes())
-    # Queue step n+1 before reading step n's tokens.
-    pipeline: bool = True
+    # Queue step n+1 before reading step n's tokens. Not on the CPU: there a step's attention is
+    # evaluated while the step is built (forward/host_attention.py), so nothing would overlap and
+    # step n's tokens would wait for step n+1.
+    pipeline: bool = field(default_factory=lambda: default_pipeline())
     # With constrained rows whose next mask needs the token in flight, and that are writing
     # a value (no forced tokens for a while): queue the next forward pass before reading,
     # and mask its sampling after; False always reads first, then builds the whole step.
@@ -72,6 +74,13 @@ def default_prefix_cache_bytes() -> int:
     """A quarter of the memory available now (at least 256 MiB): one 16k-token prompt of a
     4B model is ~2.4 GB of KV, and a budget below one entry keeps nothing."""
     return max(256 * 1024 * 1024, int(psutil.virtual_memory().available * 0.25))
+
+
+def default_pipeline() -> bool:
+    """True but on the CPU (see `EngineConfig.pipeline`)."""
+    from locals.engine.forward.host_attention import SOFTMAX_ON_HOST
+
+    return not SOFTMAX_ON_HOST
 
 
 def default_solo_prefill_factor() -> int:

@@ -11,7 +11,8 @@ from locals.engine.settings import EngineConfig
 
 @pytest.fixture()
 def engine(tiny_llama):
-    eng = Engine(tiny_llama, EngineConfig(step_token_budget=24, min_prefill_chunk=4, prefix_cache_bytes=0))
+    # Pipelined as on a GPU (the CPU's default reads each step first: host_attention.py).
+    eng = Engine(tiny_llama, EngineConfig(step_token_budget=24, min_prefill_chunk=4, prefix_cache_bytes=0, pipeline=True))
     eng.start()
     yield eng
     eng.stop()

@@ -1,30 +1,52 @@
-"""The composed attention a CUDA prompt chunk may take, and the CPU's with its softmax in numpy,
-equal MLX's fused attention."""
+"""The attention paths beside MLX's fused one equal it: the composed attention a CUDA prompt chunk
+may take, and the CPU's with its softmax in numpy (prompt chunks and decode batches' masks)."""
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
 from locals.engine.forward import chunk_attention as ca
+from locals.engine.forward import host_attention as host
 
 
-@pytest.mark.parametrize("dtype,tol", [(mx.float32, 1e-5), (mx.bfloat16, 3e-2)])
-@pytest.mark.parametrize("heads,kv_heads,n,length", [(8, 2, 5, 37), (4, 4, 16, 16), (6, 3, 1, 9), (9, 3, 64, 300)])
-@pytest.mark.parametrize("way", ["composed_attention", "host_softmax_attention"])
-def test_composed_attention_equals_mlx_fused(dtype, tol, heads, kv_heads, n, length, way):
-    mx.random.seed(n + length)
-    q = mx.random.normal((1, heads, n, 64)).astype(dtype)
-    k = mx.random.normal((1, kv_heads, length, 64)).astype(dtype)
-    v = mx.random.normal((1, kv_heads, length, 64)).astype(dtype)
-    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal" if n > 1 else None)
-    got = getattr(ca, way)(q, k, v, 0.125)
+def _close(got: mx.array, want: mx.array, tol: float) -> None:
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_allclose(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)), atol=tol, rtol=tol)
 
 
+def _qkv(batch, heads, kv_heads, n, length, dtype, seed):
+    mx.random.seed(seed)
+    return (mx.random.normal((batch, heads, n, 64)).astype(dtype),
+            mx.random.normal((batch, kv_heads, length, 64)).astype(dtype),
+            mx.random.normal((batch, kv_heads, length, 64)).astype(dtype))
+
+
+@pytest.mark.parametrize("dtype,tol", [(mx.float32, 1e-5), (mx.bfloat16, 3e-2)])
+@pytest.mark.parametrize("heads,kv_heads,n,length", [(8, 2, 5, 37), (4, 4, 16, 16), (6, 3, 1, 9), (9, 3, 64, 300)])
+@pytest.mark.parametrize("way", ["composed", "host"])
+def test_a_chunks_attention_equals_mlx_fused(dtype, tol, heads, kv_heads, n, length, way):
+    q, k, v = _qkv(1, heads, kv_heads, n, length, dtype, n + length)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal" if n > 1 else None)
+    got = (ca.composed_attention(q, k, v, 0.125) if way == "composed"
+           else host.host_attention(q, k, v, 0.125, causal=True))
+    _close(got, want, tol)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_the_hosts_attention_hides_what_a_batchs_mask_hides(n):
+    # Rows of a decode batch at different lengths (one query each), or bringing n tokens (drafts):
+    # each query sees the positions up to its own.
+    rows, length = 4, 50
+    q, k, v = _qkv(rows, 9, 3, n, length, mx.float32, n)
+    seen = np.array([10, 49, 23, 37])[:, None] - np.arange(n)[::-1][None]  # (rows, n)
+    visible = (np.arange(length)[None, None] <= seen[:, :, None])[:, None]  # (rows, 1, n, L)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mx.array(visible))
+    _close(host.host_attention(q, k, v, 0.125, hidden=~visible), want, 1e-5)
+
+
 def test_only_cuda_chunks_with_small_scores_are_composed(monkeypatch):
     calls = []
-    monkeypatch.setattr(ca, "SOFTMAX_ON_HOST", False)
+    monkeypatch.setattr(host, "SOFTMAX_ON_HOST", False)
     monkeypatch.setattr(ca, "composed_attention", lambda *a: calls.append(a[0].shape[2]) or a[0])
     q, k = mx.zeros((1, 4, 8, 32)), mx.zeros((1, 2, 100, 32))
     monkeypatch.setattr(ca, "ON_CUDA", False)
@@ -40,16 +62,15 @@ def test_only_cuda_chunks_with_small_scores_are_composed(monkeypatch):
 
 def test_cpu_chunks_normalize_on_the_host_and_leave_their_inputs_alone(monkeypatch):
     calls = []
-    monkeypatch.setattr(ca, "host_softmax_attention", lambda *a: calls.append(a[0].shape[2]) or a[0])
+    monkeypatch.setattr(host, "host_attention", lambda *a, **kw: calls.append((a[0].shape[2], kw)) or a[0])
     q, k = mx.zeros((1, 4, 8, 32)), mx.zeros((1, 2, 100, 32))
-    monkeypatch.setattr(ca, "SOFTMAX_ON_HOST", True)
+    monkeypatch.setattr(host, "SOFTMAX_ON_HOST", True)
     ca.chunk_attention(q, k, k, 1.0)
     ca.chunk_attention(q[:, :, :1], k, k, 1.0)  # one query: MLX's vector kernel
-    assert calls == [8]
+    assert calls == [(8, {"causal": True})]
     monkeypatch.undo()
-    mx.random.seed(3)
-    q, k, v = (mx.random.normal(shape) for shape in ((1, 4, 8, 32), (1, 2, 20, 32), (1, 2, 20, 32)))
+    q, k, v = _qkv(1, 4, 2, 8, 20, mx.float32, 3)
     before = [np.array(a) for a in (q, k, v)]
-    ca.host_softmax_attention(q, k, v, 0.5)  # rewrites its own scores in place, nothing else
+    host.host_attention(q, k, v, 0.5, causal=True)  # rewrites its own scores in place, nothing else
     for a, b in zip((q, k, v), before):
         np.testing.assert_array_equal(np.array(a), b)

@@ -134,11 +134,11 @@ def test_a_broken_engine_answers_every_request_and_says_why(tiny_llama, monkeypa
 @pytest.mark.model
 @pytest.mark.parametrize("route", ["fused", "composed", "host"])
 def test_smollm2_batched_greedy_equals_alone(smollm2, route, monkeypatch):
-    from locals.engine.forward import chunk_attention
+    from locals.engine.forward import chunk_attention, host_attention
     from locals.engine.load.templates import render_prompt
 
     monkeypatch.setattr(chunk_attention, "ON_CUDA", route == "composed")  # prompt chunks as a CUDA GPU attends them
-    monkeypatch.setattr(chunk_attention, "SOFTMAX_ON_HOST", route == "host")  # as the CPU does
+    monkeypatch.setattr(host_attention, "SOFTMAX_ON_HOST", route == "host")  # as the CPU does
 
     questions = ["What is the capital of France?", "Write a haiku about the sea.",
                  "Count from 1 to 10.", "Name three colors."]

@@ -404,7 +404,8 @@ def test_constrained_rows_pipeline_their_forward_pass_with_the_same_output(tiny_
     vocab = tiny_llama.vocab_size
     prompts = make_prompts(tiny_llama.tokenizer, [7, 12, 19, 5])
     runs, queued = {}, {}
-    modes = {"sync": dict(pipeline=False), "read first": dict(pipeline_masks=False), "masked": {}}
+    modes = {"sync": dict(pipeline=False), "read first": dict(pipeline=True, pipeline_masks=False),
+             "masked": dict(pipeline=True)}
     for mode, options in modes.items():
         eng = Engine(tiny_llama, EngineConfig(speculate=False, prefix_cache_bytes=0, **options))
         begin = eng.runner.begin

@@ -10,6 +10,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from locals.engine.forward import host_attention
 from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
 from locals.engine.forward.forward import forward as forward_pass
 from locals.engine.forward.kv import DecodeBatch, RowKV
@@ -173,7 +174,7 @@ def test_ragged_forward_matches_plain_model(tiny_llama, route, monkeypatch):
     from locals.engine.forward import chunk_attention
 
     monkeypatch.setattr(chunk_attention, "ON_CUDA", route == "composed")  # prompt chunks as a CUDA GPU attends them
-    monkeypatch.setattr(chunk_attention, "SOFTMAX_ON_HOST", route == "host")  # as the CPU does
+    monkeypatch.setattr(host_attention, "SOFTMAX_ON_HOST", route == "host")  # as the CPU does
     model = tiny_llama.model
     a, b = mx.array(list(range(10, 30))), mx.array([5, 6, 7])
     ka, kb = RowKV(len(model.layers)), RowKV(len(model.layers))
@@ -247,8 +248,9 @@ def test_batch_rows_with_several_tokens_attend_in_one_call_per_layer(tiny_llama,
     assert all(kv.resident for kv in kvs)
     new = {0: [50, 51, 52], 1: [53], 2: [54, 55, 56, 57]}
     calls = []
-    sdpa = mx.fast.scaled_dot_product_attention
+    sdpa, on_host = mx.fast.scaled_dot_product_attention, host_attention.host_attention
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    monkeypatch.setattr(host_attention, "host_attention", lambda *a, **k: calls.append(1) or on_host(*a, **k))
     order = [2, 0, 1]
     out = forward(model, [RowInput(mx.array(new[i]), len(new[i]), kvs[i], True, logits=len(new[i])) for i in order])
     assert len(calls) == n_layers

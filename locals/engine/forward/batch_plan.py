@@ -4,13 +4,16 @@ Such a row brings one token (a decode step) or several (forced tokens after a co
 draw, a draft to verify). All of them write their keys/values with one scatter and attend
 in one call per layer: a pure decode step passes the queries as (rows, heads, 1, dim);
 when some row brings several tokens, the queries are padded to the longest row's count
-and masked causally. Rows reading a prompt keep their own caches (see forward.py).
+and masked causally. Rows reading a prompt keep their own caches (see forward.py). On the CPU
+the attention's softmax runs in numpy (host_attention.py).
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
+
+from locals.engine.forward import host_attention as host
 
 
 class BatchPlan:
@@ -66,7 +69,8 @@ class BatchPlan:
             # (kernels/decode_attention.py) reads `meta` instead: each row's slot, then how many
             # keys it reads after this step's write.
             # `lengths`: each row's length before the pass, where its one new token goes (RoPE, the write).
-            self.ragged, self.lengths, self._mask = len(set(lengths.tolist())) > 1, lengths, None
+            self.ragged, self.lengths = len(set(lengths.tolist())) > 1, lengths
+            self._visible = self._mask = self._hidden = None
             self.meta = mx.array(np.concatenate([np.asarray(slots, np.int32), lengths + 1]))
             return
         # Query j of row i is the row's token min(j, n_i - 1): padding repeats the last one
@@ -75,7 +79,8 @@ class BatchPlan:
         self.gather = mx.array((starts[:, None] + last).reshape(-1).astype(np.int32))
         self.scatter = mx.array((np.repeat(np.arange(len(counts)) * self.width, counts) + within).astype(np.int32))
         seen = lengths[:, None] + last  # the last position each query may attend to
-        self.ragged, self._mask = True, mx.array((np.arange(self.t)[None, None] <= seen[:, :, None])[:, None])
+        self.ragged, self._mask, self._hidden = True, None, None
+        self._visible = (np.arange(self.t)[None, None] <= seen[:, :, None])[:, None]
 
     def padded_step(self, rows: int) -> tuple[mx.array, tuple, mx.array] | None:
         """(positions, scatter index, meta) of a pure decode step with `rows` rows: the plan's, then
@@ -93,11 +98,26 @@ class BatchPlan:
         return mx.array(lengths), index, mx.array(np.concatenate([slots, lengths + 1]))
 
     @property
+    def visible(self) -> np.ndarray | None:
+        """Which of the batch's first `t` positions each query sees, (rows, 1, queries, t); None when
+        all rows agree (built when an attention first asks for it)."""
+        if self._visible is None and self.ragged:
+            self._visible = (np.arange(self.t)[None] <= self.lengths[:, None])[:, None, None, :]
+        return self._visible
+
+    @property
     def mask(self) -> mx.array | None:
-        """The attention mask over the batch's first `t` positions; None when all rows agree."""
+        """`visible` as MLX's attention takes it."""
         if self._mask is None and self.ragged:
-            self._mask = mx.array((np.arange(self.t)[None] <= self.lengths[:, None])[:, None, None, :])
+            self._mask = mx.array(self.visible)
         return self._mask
+
+    @property
+    def hidden(self) -> np.ndarray | None:
+        """Where `visible` is not, as the host's attention takes it."""
+        if self._hidden is None and self.ragged:
+            self._hidden = ~self.visible
+        return self._hidden
 
     def attend(self, li: int, q: mx.array, kv: mx.array, scale: float, kernel=None) -> mx.array:
         """q (P, heads, 1, dim) and kv (2P, kv_heads, 1, dim) (keys, then values) of the plan's
@@ -110,13 +130,18 @@ class BatchPlan:
             return kernel(q, self.batch.kv[li], self.meta, self.t, scale)
         keys, values = self.batch.view(li, self.t, self.slots)
         if self.gather is None:
-            o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=self.mask)
+            o = self._attention(q, keys, values, scale)
             return o.reshape(o.shape[0], -1)
         rows, heads, dim = len(self.rows), q.shape[1], q.shape[3]
         padded = q[self.gather].reshape(rows, self.width, heads, dim).transpose(0, 2, 1, 3)
-        o = mx.fast.scaled_dot_product_attention(padded, keys, values, scale=scale, mask=self.mask)
+        o = self._attention(padded, keys, values, scale)
         o = o.transpose(0, 2, 1, 3).reshape(rows * self.width, heads * dim)
         return o[self.scatter]
+
+    def _attention(self, q: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
+        if host.SOFTMAX_ON_HOST:
+            return host.host_attention(q, keys, values, scale, hidden=self.hidden)
+        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=self.mask)
 
     def advance(self) -> None:
         """Count the pass's tokens into each row's length (after the last layer wrote them)."""

@@ -11,21 +11,14 @@ read alone in 2,048-token chunks) the scores outgrow the build: 3.2 ms a layer a
 against cuDNN's 0.8, so those stay with MLX (docs/benchmarks-log.md, "Attention graphs built
 per prompt length"). Metal builds nothing per shape: MLX's fused kernel always.
 
-On the CPU a chunk's time is its softmax: MLX's CPU backend runs exp one lane at a time on x86
-(16 ns an element: a 256-token chunk at 2k keys spent about 70 of its 99 ms a layer there), while
-numpy's exp is vectorized. So the scores are evaluated, normalized by numpy in place and handed
-back: 29 against 99 ms a layer at 256 x 2,048, 298 against 631 at 2,048 x 2,048, equal to
-5e-7 (docs/benchmarks-log.md, "CPU: a prompt chunk's softmax in numpy"). Evaluating mid-pass
-means building such a step waits for the one before it (the engine reads that one first).
+On the CPU a chunk's time is its softmax, which numpy runs faster than MLX there (host_attention.py).
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import mlx.core as mx
-import numpy as np
 
+from locals.engine.forward import host_attention as host
 from locals.engine.load.backend import detect
 
 # Queries x keys per head up to which a CUDA chunk is composed: about where the scores' extra
@@ -33,18 +26,15 @@ from locals.engine.load.backend import detect
 COMPOSED_MAX_SCORES = 1 << 23
 
 
-_KIND = detect().kind
-ON_CUDA = _KIND == "cuda"
-# Prompt chunks normalize their scores in numpy, so a step that reads one evaluates while it is built.
-SOFTMAX_ON_HOST = _KIND == "cpu"
+ON_CUDA = detect().kind == "cuda"
 
 
 def chunk_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
     """q (1, heads, n, dim) against keys/values (1, kv_heads, L, dim), the n queries being the
     last n of the L positions (causal): (1, heads, n, dim)."""
     n, length = q.shape[2], keys.shape[2]
-    if n > 1 and SOFTMAX_ON_HOST:
-        return host_softmax_attention(q, keys, values, scale)
+    if n > 1 and host.SOFTMAX_ON_HOST:
+        return host.host_attention(q, keys, values, scale, causal=True)
     if n > 1 and ON_CUDA and n * length <= COMPOSED_MAX_SCORES:
         return composed_attention(q, keys, values, scale)
     return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask="causal" if n > 1 else None)
@@ -64,25 +54,3 @@ def composed_attention(q: mx.array, keys: mx.array, values: mx.array, scale: flo
     weights = mx.softmax(scores, axis=-1, precise=True)
     return (weights @ values[:, :, None]).reshape(1, heads, n, dim)
 
-
-def host_softmax_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
-    """`composed_attention` with its softmax in numpy (float32): the scores are evaluated here,
-    so whatever the pass built before them runs now."""
-    _, heads, n, dim = q.shape
-    kv_heads, length = keys.shape[1], keys.shape[2]
-    q = (q * scale).reshape(1, kv_heads, heads // kv_heads, n, dim)
-    scores = (q @ keys[:, :, None].swapaxes(-1, -2)).astype(mx.float32)  # (1, kv_heads, group, n, L)
-    mx.eval(scores)
-    host = np.asarray(scores)  # the scores' own buffer: no array but this one holds it, so rewritten in place
-    np.copyto(host[..., length - n:], -np.inf, where=_future(n))  # query i sits at L - n + i
-    np.subtract(host, host.max(-1, keepdims=True), out=host)
-    np.exp(host, out=host)
-    host /= host.sum(-1, keepdims=True)
-    weights = mx.array(host).astype(values.dtype)
-    return (weights @ values[:, :, None]).reshape(1, heads, n, dim)
-
-
-@lru_cache(maxsize=8)
-def _future(n: int) -> np.ndarray:
-    """(n, n) True where the last n queries' i-th would see a key after its own position."""
-    return np.triu(np.ones((n, n), bool), 1)

@@ -1,0 +1,50 @@
+"""Attention with its softmax in numpy: the CPU's path for prompt chunks (chunk_attention.py) and
+decode batches (batch_plan.py).
+
+MLX's CPU backend runs exp one lane at a time on x86 (16 ns an element), and attention's softmax
+is most of a prompt chunk's time there: 72 of 99 ms a layer at 256 x 2,048 keys. numpy's exp is
+vectorized. So the scores come from MLX's matmul, are evaluated, normalized by numpy in place and
+handed back for the second matmul: 29 against 99 ms a layer at 256 x 2,048, 298 against 631 at
+2,048 x 2,048, equal to 5e-7; 8 decode rows at 1k tokens 71 against 62 tok/s (docs/benchmarks-log.md,
+"CPU: attention's softmax in numpy"). The scores are evaluated while the pass is built, so a
+step overlaps nothing on the CPU: the engine reads each step as soon as it is queued there.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import mlx.core as mx
+import numpy as np
+
+from locals.engine.load.backend import detect
+
+SOFTMAX_ON_HOST = detect().kind == "cpu"
+
+
+def host_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float,
+                   hidden: np.ndarray | None = None, causal: bool = False) -> mx.array:
+    """q (B, heads, n, dim) against keys/values (B, kv_heads, L, dim) -> (B, heads, n, dim), float32
+    scores. `hidden` (broadcastable to (B, 1, n, L)): True where a query may not see a key;
+    `causal`: the n queries are the last n of the L positions (a prompt chunk)."""
+    b, heads, n, dim = q.shape
+    kv_heads, length = keys.shape[1], keys.shape[2]
+    q = (q * scale).reshape(b, kv_heads, heads // kv_heads, n, dim)
+    scores = (q @ keys[:, :, None].swapaxes(-1, -2)).astype(mx.float32)  # (B, kv_heads, group, n, L)
+    mx.eval(scores)
+    host = np.asarray(scores)  # the scores' own buffer: no array but this one holds it, so rewritten in place
+    if causal and n > 1:
+        np.copyto(host[..., length - n:], -np.inf, where=_future(n))  # query i sits at L - n + i
+    if hidden is not None:
+        np.copyto(host, -np.inf, where=hidden[:, :, None])
+    np.subtract(host, host.max(-1, keepdims=True), out=host)
+    np.exp(host, out=host)
+    host /= host.sum(-1, keepdims=True)
+    weights = mx.array(host).astype(values.dtype)
+    return (weights @ values[:, :, None]).reshape(b, heads, n, dim)
+
+
+@lru_cache(maxsize=8)
+def _future(n: int) -> np.ndarray:
+    """(n, n) True where the last n queries' i-th would see a key after its own position."""
+    return np.triu(np.ones((n, n), bool), 1)
