@@ -53,4 +53,3 @@ def composed_attention(q: mx.array, keys: mx.array, values: mx.array, scale: flo
     scores = mx.where(visible, scores, mx.array(-float("inf"), scores.dtype))
     weights = mx.softmax(scores, axis=-1, precise=True)
     return (weights @ values[:, :, None]).reshape(1, heads, n, dim)
-
