@@ -8,9 +8,9 @@ Memory is compared idle to idle: under load RSS swings by a gigabyte with the ba
 buffer cache, glibc's free lists), and the engine gives that back once idle
 (`release_memory`). So after the first minute the clients pause until the daemon is idle,
 its RSS is read, and the churn goes on for the rest of the time. The churn starts once the
-daemon has compiled its decode shapes ahead (warmup.py): it does that while idle, and a shape's
-placeholder batch swings RSS by gigabytes for a moment, so an idle read taken while it was still
-at work (the pause, the end) measured the trace, not a leak.
+daemon has compiled its decode shapes ahead (warmup.py; the CPU compiles none): that runs while
+idle, and a shape's placeholder batch swings RSS by gigabytes for a moment, so an idle read taken
+while it was still at work (the pause, the end) measured the trace, not a leak.
 """
 
 from __future__ import annotations
