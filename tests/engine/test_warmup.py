@@ -137,6 +137,8 @@ def test_the_cpu_compiles_nothing_ahead_and_is_ready_at_once(tiny_llama):
     engine.start()
     try:
         assert engine.ready.wait(10) and engine.warmer is None
+        # Nor does it pipeline (building a step runs it) or read prompts alone in larger chunks.
+        assert not engine.config.pipeline and engine.scheduler.solo_budget == engine.config.step_token_budget
         assert run_alone(engine, make_prompts(tiny_llama.tokenizer, [40])[0], max_tokens=4)[0]
         extra = engine.stats().extra
         assert (extra["compiled_shapes"], extra["compiling_ahead"], extra["uncompiled_passes"]) == (0, False, 0)
