@@ -7,7 +7,6 @@ locals' engine against mlx-lm's BatchGenerator, same prompts, interleaved rounds
     python benchmarks/batch_decode.py --random-model qwen3-4b --unfused-baseline   # what joined q/k/v, gate/up add
     python benchmarks/batch_decode.py --random-model qwen3-4b --ungated-baseline   # SwiGLU in gate/up's kernel or not
     python benchmarks/batch_decode.py --random-model qwen3-4b --seams-baseline   # one compiled graph a step or not
-    python benchmarks/batch_decode.py --batches 1,8 --prompt-len 1024 --compiled-baseline   # CPU: why it compiles nothing
     python benchmarks/batch_decode.py --random-model qwen3-4b --length-spread 448 \
         --mlx-attention-baseline   # the decode attention kernel against MLX's attention, rows at 64..512
 """
@@ -22,12 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (bench_engine, interleaved, load_pair, no_eos, prompts, ragged, summary,  # noqa: E402
                                write_results)
-from locals.engine.forward.choices import COMPILE_MAX_TOKENS  # noqa: E402
 from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.bench import run_locals, run_mlx_lm  # noqa: E402
 
 
-# Variants of locals with one part changed, each an engine of its own on the same weights:
+# Variants of locals with one part turned off, each an engine of its own on the same weights:
 # flag -> (runner name, how its engine differs (bench_engine's arguments), help).
 BASELINES = {
     "untuned": ("locals-untuned", {"untuned": True},
@@ -42,9 +40,6 @@ BASELINES = {
     "scatter": ("locals-scatter", {"cache_writes": False},
                 "also run locals with whole steps storing K/V with a scatter a layer, not written by the "
                 "q/k head kernel"),
-    "compiled": ("locals-compiled", {"compile_max_tokens": COMPILE_MAX_TOKENS},
-                 "also run locals with passes of up to 64 tokens compiled (a GPU's default; the CPU's "
-                 "compiles none)"),
 }
 
 
