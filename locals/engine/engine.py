@@ -127,11 +127,10 @@ class Engine:
         self.decode_batch = DecodeBatch(len(self.model.layers)) if supports_ragged(self.model) else None
         self.counters = Counters()
         # Decode-step shapes compiled ahead (warmup.py); `ready` is set once the first batch of them is.
+        compiles_ahead = cfg.warm_up_s > 0 and cfg.forward.compile_max_tokens and self.decode_batch is not None
         self.warmer = (ShapeWarmer(self.model, self.runner, cfg.max_batch, loaded.context_length,
                                    self.kv_budget // WARM_KV_SHARE // max(self.bytes_per_token, 1),
-                                   cfg.step_token_budget, self.scheduler.solo_budget)
-                       if cfg.warm_up_s > 0 and cfg.forward.compile_max_tokens and self.decode_batch is not None
-                       else None)
+                                   cfg.step_token_budget, self.scheduler.solo_budget) if compiles_ahead else None)
         self.ready = threading.Event()
         self._inbox: queue.Queue[Message] = queue.Queue()
         self._waiting: deque[tuple[GenerationRequest, Sink, float]] = deque()

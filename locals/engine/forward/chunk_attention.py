@@ -43,13 +43,9 @@ def chunk_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float)
 def composed_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
     """Causal attention as MLX composes it where it has no fused kernel: the queries scaled,
     scores in the inputs' dtype, a softmax in float32, grouped-query heads by reshaping."""
-    _, heads, n, dim = q.shape
-    kv_heads, length = keys.shape[1], keys.shape[2]
-    group = heads // kv_heads
-    q = (q * scale).reshape(1, kv_heads, group, n, dim)
-    scores = q @ keys[:, :, None].swapaxes(-1, -2)  # (1, kv_heads, group, n, L)
+    n, length = q.shape[2], keys.shape[2]
+    scores = host.grouped_scores(q, keys, scale)
     # Query i sits at position L - n + i and sees keys up to it.
     visible = mx.arange(length - n, length)[:, None] >= mx.arange(length)[None]
     scores = mx.where(visible, scores, mx.array(-float("inf"), scores.dtype))
-    weights = mx.softmax(scores, axis=-1, precise=True)
-    return (weights @ values[:, :, None]).reshape(1, heads, n, dim)
+    return host.weighted_values(mx.softmax(scores, axis=-1, precise=True), values)

@@ -1,5 +1,6 @@
 """Attention with its softmax in numpy: the CPU's path for prompt chunks (chunk_attention.py) and
-decode batches (batch_plan.py).
+decode batches (batch_plan.py). Its two grouped-head matmuls are also the composed attention's
+on CUDA (chunk_attention.py).
 
 MLX's CPU backend runs exp one lane at a time on x86 (16 ns an element), and attention's softmax
 is most of a prompt chunk's time there: 72 of 99 ms a layer at 256 x 2,048 keys. numpy's exp is
@@ -27,10 +28,8 @@ def host_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float,
     """q (B, heads, n, dim) against keys/values (B, kv_heads, L, dim) -> (B, heads, n, dim), float32
     scores. `hidden` (broadcastable to (B, 1, n, L)): True where a query may not see a key;
     `causal`: the n queries are the last n of the L positions (a prompt chunk)."""
-    b, heads, n, dim = q.shape
-    kv_heads, length = keys.shape[1], keys.shape[2]
-    q = (q * scale).reshape(b, kv_heads, heads // kv_heads, n, dim)
-    scores = (q @ keys[:, :, None].swapaxes(-1, -2)).astype(mx.float32)  # (B, kv_heads, group, n, L)
+    n, length = q.shape[2], keys.shape[2]
+    scores = grouped_scores(q, keys, scale).astype(mx.float32)
     mx.eval(scores)
     host = np.asarray(scores)  # the scores' own buffer: no array but this one holds it, so rewritten in place
     if causal and n > 1:
@@ -40,8 +39,21 @@ def host_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float,
     np.subtract(host, host.max(-1, keepdims=True), out=host)
     np.exp(host, out=host)
     host /= host.sum(-1, keepdims=True)
-    weights = mx.array(host).astype(values.dtype)
-    return (weights @ values[:, :, None]).reshape(b, heads, n, dim)
+    return weighted_values(mx.array(host).astype(values.dtype), values)
+
+
+def grouped_scores(q: mx.array, keys: mx.array, scale: float) -> mx.array:
+    """q (B, heads, n, dim) x keys (B, kv_heads, L, dim), in the inputs' dtype: (B, kv_heads, group,
+    n, L), grouped-query heads by reshaping (no keys repeated)."""
+    b, heads, n, dim = q.shape
+    kv_heads = keys.shape[1]
+    return (q * scale).reshape(b, kv_heads, heads // kv_heads, n, dim) @ keys[:, :, None].swapaxes(-1, -2)
+
+
+def weighted_values(weights: mx.array, values: mx.array) -> mx.array:
+    """`grouped_scores`-shaped weights x values (B, kv_heads, L, dim): (B, heads, n, dim)."""
+    b, kv_heads, group, n, _ = weights.shape
+    return (weights @ values[:, :, None]).reshape(b, kv_heads * group, n, values.shape[-1])
 
 
 @lru_cache(maxsize=8)
