@@ -11,8 +11,7 @@ The newest result of each benchmark on each machine, from `benchmarks/results/` 
 rewrites this page and README.md's headline table; a test fails when they drift). Each table
 names its file, command, machine and date; figures are medians (ranges) over interleaved rounds
 of peers on the same machine and weights. H200: one NVIDIA H200; CPU: two shared x86 cores.
-
-How each run was read and the measurements behind the engine's choices are in
+How each run was read, and the measurements behind the engine's choices, are in
 [benchmarks-log.md](benchmarks-log.md), the history of runs. The paper draws these tables as figures."""
 
 INTRO = {

@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 # A shape compiled ahead allocates its batch for a moment: at most 1/WARM_KV_SHARE of the KV
 # budget (the whole context ahead exhausted a 24 GB machine). Larger batches run uncompiled.
 # An eighth left out 8 agents at 8–12k tokens on an H200 (a third of their steps ran uncompiled,
-# docs/benchmarks-log.md, "Attention graphs built per prompt length"); a quarter takes them in.
+# docs/benchmarks-log.md, "Attention graphs built per prompt length"); a quarter takes them in,
+# but for 8 x 12,288 (1% over on an H200). Half took that in and did worse: more shapes before the
+# 8-slot ones, so fewer of those by ready (docs/benchmarks-log.md, "Decode attention at agents' lengths").
 WARM_KV_SHARE = 4
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
 from locals.engine.kernels import decode_attention as da
-from locals.engine.kernels.decode_attention import check, reference, verified, warps_for
+from locals.engine.kernels.decode_attention import check, reference, splits_for, verified
 from locals.engine.forward.kv import DecodeBatch, RowKV
 
 from tests.helpers.kernel_models import OpsAttention, as_on_a_gpu, tiny_qwen3
@@ -77,9 +77,8 @@ def test_verifier_passes_the_contract_and_rejects_wrong_kernels():
     assert check(FourD("cpu", 6, 2, 64, mx.float32), 3, 200).startswith("shape/dtype (3, 6, 1, 64)")
 
 
-def test_warps_grow_with_the_keys_within_shared_memory():
-    assert [warps_for(n, 128) for n in (1, 256, 257, 100_000)] == [8, 8, 16, 16]
-    assert warps_for(5000, 512) == 8  # 8 x 512 partial outputs fill the shared memory
+def test_splits_cover_the_longest_row_in_256_key_parts():
+    assert [splits_for(n) for n in (1, 256, 257, 12_288)] == [1, 1, 2, 48]
 
 
 def _decode(model, steps: int = 3, lengths=(5, 9, 14), whole: bool = False,

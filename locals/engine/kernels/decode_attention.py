@@ -1,19 +1,24 @@
-"""Decode attention over each row's own cache length: one kernel a layer for a decode step.
+"""Decode attention over each row's own cache length, split along the keys (flash-decoding).
 
 Rows of a decode batch sit at different lengths (agents' conversations differ). MLX's
 attention then needs a mask, and on CUDA (0.32) its one-query vector kernel takes none:
 it composes the attention from several ops a layer (matmuls, the mask, softmax) over the
-padded length. This kernel reads each row's own length instead, straight from the shared
-cache (kv.py's `DecodeBatch`: keys of slot s at row s, values at rows_cap + s), so it needs
+padded length. These kernels read each row's own length instead, straight from the shared
+cache (kv.py's `DecodeBatch`: keys of slot s at row s, values at rows_cap + s), so they need
 no mask, no gathered view and no copy.
 
-One threadgroup per (row, query head), W warps (simdgroups) of 32 lanes: lane l holds
-head_dim / 32 of the query's values; warp w takes keys w, w + W, ... two at a time (their
-loads in flight together); each key's score is a warp sum, folded into the warp's running
-max, sum and output (online softmax); the W partial results are then combined through
-shared memory. Grouped-query heads read their key/value
-head. A kernel is used only after `verified` matched it against a float32 ground truth (MLX's
-masked attention on the CPU) on this device.
+Two kernels a layer. The first gives each (row, key head, split of C keys, query head of the
+group) a threadgroup of W warps (simdgroups) of 32 lanes: lane l holds head_dim / 32 of the
+query's values; warp w takes the split's keys w, w + W, ... two at a time (their loads in
+flight together), each key's score a warp sum folded into the warp's running max, sum and
+output (online softmax); the warps meet in shared memory and the threadgroup writes its
+split's max, sum and unnormalized output. The query heads of one group sit in neighbouring
+threadgroups, so their shared keys are read from L2. The second kernel combines each (row,
+head)'s splits. One threadgroup per (row, head) walking every key, as before, took a third
+longer for 8-16 rows at thousands of keys, where agents are, and half as long for one short row
+(docs/benchmarks-log.md, "Decode attention at agents' lengths"). A kernel is used only after
+`verified` matched it against a float32 ground truth (MLX's masked attention on the CPU) on
+this device.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from locals.engine.kernels.jit import attach_verified, first_failure, jit_kernel
 from locals.engine.kernels.resident import float_constant
 from locals.engine.kernels.tuning.verify import matches
 
-# Template: T (dtype), D (head dim, a multiple of 32), W (warps a threadgroup). Inputs: q (B, HQ, 1, D);
-# cache (2R, HK, t_cap, D); meta (2B,) int32, each row's slot then its length; scale (1,) float32.
-# Output: out (B, HQ * D), row-major as (B, HQ, D).
-CUDA_SOURCE = r"""
+# Split kernel. Template: T (dtype), D (head dim, a multiple of 32), W (warps a threadgroup), C (keys a
+# split, a multiple of 2 W). Inputs: q (B, HQ, 1, D); cache (2R, HK, t_cap, D); meta (2B,) int32, each
+# row's slot then its length; scale (1,) float32. The grid holds B * HK * S * G threadgroups (G = HQ / HK
+# query heads a key head, S splits). Output: part (B * HQ, S, D + 2) float32: each split's unnormalized
+# output, then its max and its sum (-inf and 0 where the split holds none of the row's keys).
+CUDA_SPLIT = r"""
   constexpr int E = D / 32;
   __shared__ float s_max[W];
   __shared__ float s_sum[W];
@@ -41,13 +48,19 @@ CUDA_SOURCE = r"""
   const int t_cap = cache_shape[2];
   const int R = cache_shape[0] / 2;
   const int B = q_shape[0];
-  const int row = blockIdx.x / HQ;
-  const int head = blockIdx.x - row * HQ;
-  const int kvh = head / (HQ / HK);
+  const int G = HQ / HK;
+  const int S = gridDim.x / (B * HQ);
+  const int g = blockIdx.x % G;
+  const int rest = blockIdx.x / G;
+  const int split = rest % S;
+  const int row = rest / S / HK;
+  const int kvh = rest / S - row * HK;
+  const int head = kvh * G + g;
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int slot = meta[row];
-  const int len = meta[B + row];
+  const int begin = split * C;
+  const int end = min(meta[B + row], begin + C);
   const T* qp = q + (size_t(row) * HQ + head) * D + lane * E;
   const T* kp = cache + (size_t(slot) * HK + kvh) * size_t(t_cap) * D + lane * E;
   const T* vp = cache + (size_t(R + slot) * HK + kvh) * size_t(t_cap) * D + lane * E;
@@ -60,8 +73,8 @@ CUDA_SOURCE = r"""
   }
   float m = -INFINITY;
   float l = 0.0f;
-  for (int j = warp; j < len; j += 2 * W) {  // two keys an iteration: their loads overlap
-    const bool two = j + W < len;
+  for (int j = begin + warp; j < end; j += 2 * W) {  // two keys an iteration: their loads overlap
+    const bool two = j + W < end;
     const T* k0 = kp + size_t(j) * D;
     const T* k1 = kp + size_t(two ? j + W : j) * D;
     float s0 = 0.0f;
@@ -103,19 +116,50 @@ CUDA_SOURCE = r"""
     s_out[warp * D + lane * E + e] = o[e] * mine;
   }
   __syncthreads();
+  float* p = part + ((size_t(row) * HQ + head) * S + split) * (D + 2);
   for (int d = threadIdx.x; d < D; d += W * 32) {
-    float total = 0.0f;
     float acc = 0.0f;
 #pragma unroll
     for (int w = 0; w < W; ++w) {
-      total += s_max[w] == -INFINITY ? 0.0f : s_sum[w] * expf(s_max[w] - top);
       acc += s_out[w * D + d];
     }
-    out[(size_t(row) * HQ + head) * D + d] = static_cast<T>(acc / total);
+    p[d] = acc;
+  }
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; ++w) {
+      total += s_max[w] == -INFINITY ? 0.0f : s_sum[w] * expf(s_max[w] - top);
+    }
+    p[D] = top;
+    p[D + 1] = total;
   }
 """
 
-METAL_SOURCE = r"""
+# Combine kernel. Template: T, D. Input: part (B * HQ, S, D + 2) from the split kernel. One threadgroup of
+# D threads per (row, head). Output: out (B, HQ * D), row-major as (B, HQ, D): the layout o_proj reads.
+CUDA_COMBINE = r"""
+  const int S = part_shape[1];
+  const float* p = part + size_t(blockIdx.x) * S * (D + 2);
+  const int d = threadIdx.x;
+  float top = -INFINITY;
+  for (int s = 0; s < S; ++s) {
+    top = fmaxf(top, p[s * (D + 2) + D]);
+  }
+  float total = 0.0f;
+  float acc = 0.0f;
+  for (int s = 0; s < S; ++s) {
+    const float m = p[s * (D + 2) + D];
+    if (m != -INFINITY) {
+      const float w = expf(m - top);
+      total += p[s * (D + 2) + D + 1] * w;
+      acc += p[s * (D + 2) + d] * w;
+    }
+  }
+  out[size_t(blockIdx.x) * D + d] = static_cast<T>(acc / total);
+"""
+
+METAL_SPLIT = r"""
   constexpr int E = D / 32;
   threadgroup float s_max[W];
   threadgroup float s_sum[W];
@@ -125,14 +169,21 @@ METAL_SOURCE = r"""
   const int t_cap = cache_shape[2];
   const int R = cache_shape[0] / 2;
   const int B = q_shape[0];
-  const int row = int(threadgroup_position_in_grid.x) / HQ;
-  const int head = int(threadgroup_position_in_grid.x) - row * HQ;
-  const int kvh = head / (HQ / HK);
+  const int G = HQ / HK;
+  const int S = int(threadgroups_per_grid.x) / (B * HQ);
+  const int blk = int(threadgroup_position_in_grid.x);
+  const int g = blk % G;
+  const int rest = blk / G;
+  const int split = rest % S;
+  const int row = rest / S / HK;
+  const int kvh = rest / S - row * HK;
+  const int head = kvh * G + g;
   const int warp = int(simdgroup_index_in_threadgroup);
   const int lane = int(thread_index_in_simdgroup);
   const int tid = int(thread_position_in_threadgroup.x);
   const int slot = meta[row];
-  const int len = meta[B + row];
+  const int begin = split * C;
+  const int end = metal::min(meta[B + row], begin + C);
   const size_t q_at = (size_t(row) * HQ + head) * D + lane * E;
   const size_t k_at = (size_t(slot) * HK + kvh) * size_t(t_cap) * D + lane * E;
   const size_t v_at = (size_t(R + slot) * HK + kvh) * size_t(t_cap) * D + lane * E;
@@ -144,8 +195,8 @@ METAL_SOURCE = r"""
   }
   float m = -INFINITY;
   float l = 0.0f;
-  for (int j = warp; j < len; j += 2 * W) {  // two keys an iteration: their loads overlap
-    const bool two = j + W < len;
+  for (int j = begin + warp; j < end; j += 2 * W) {  // two keys an iteration: their loads overlap
+    const bool two = j + W < end;
     const size_t k0 = k_at + size_t(j) * D;
     const size_t k1 = k_at + size_t(two ? j + W : j) * D;
     float s0 = 0.0f;
@@ -182,33 +233,61 @@ METAL_SOURCE = r"""
     s_out[warp * D + lane * E + e] = o[e] * mine;
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
+  const size_t p_at = ((size_t(row) * HQ + head) * S + split) * (D + 2);
   for (int d = tid; d < D; d += W * 32) {
-    float total = 0.0f;
     float acc = 0.0f;
     for (int w = 0; w < W; ++w) {
-      total += s_max[w] == -INFINITY ? 0.0f : s_sum[w] * metal::precise::exp(s_max[w] - top);
       acc += s_out[w * D + d];
     }
-    out[(size_t(row) * HQ + head) * D + d] = T(acc / total);
+    part[p_at + d] = acc;
+  }
+  if (tid == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < W; ++w) {
+      total += s_max[w] == -INFINITY ? 0.0f : s_sum[w] * metal::precise::exp(s_max[w] - top);
+    }
+    part[p_at + D] = top;
+    part[p_at + D + 1] = total;
   }
 """
 
-SOURCES = {"cuda": CUDA_SOURCE, "metal": METAL_SOURCE}
-TAG = source_tag(CUDA_SOURCE, METAL_SOURCE)
+METAL_COMBINE = r"""
+  const int S = part_shape[1];
+  const size_t at = size_t(threadgroup_position_in_grid.x) * S * (D + 2);
+  const int d = int(thread_position_in_threadgroup.x);
+  float top = -INFINITY;
+  for (int s = 0; s < S; ++s) {
+    top = metal::max(top, part[at + s * (D + 2) + D]);
+  }
+  float total = 0.0f;
+  float acc = 0.0f;
+  for (int s = 0; s < S; ++s) {
+    const float m = part[at + s * (D + 2) + D];
+    if (m != -INFINITY) {
+      const float w = metal::precise::exp(m - top);
+      total += part[at + s * (D + 2) + D + 1] * w;
+      acc += part[at + s * (D + 2) + d] * w;
+    }
+  }
+  out[size_t(threadgroup_position_in_grid.x) * D + d] = T(acc / total);
+"""
+
+SOURCES = {"cuda": (CUDA_SPLIT, CUDA_COMBINE), "metal": (METAL_SPLIT, METAL_COMBINE)}
+TAG = source_tag(CUDA_SPLIT, CUDA_COMBINE, METAL_SPLIT, METAL_COMBINE)
 DTYPES = (mx.float16, mx.bfloat16, mx.float32)
-MAX_SHARED_FLOATS = 4096  # W * head_dim: 16 KiB of partial outputs (Metal's threadgroup memory is 32 KiB)
+WARPS = 4  # a split's threadgroup
+SPLIT_KEYS = 256  # keys a split: WARPS warps x 32 iterations of two keys
 
 
-def warps_for(length: int, head_dim: int) -> int:
-    """Warps a threadgroup for keys up to `length`: more keys, more warps, within shared memory.
-    At most 16: 32 (1024 threads) asked for more registers than an H200's SM has for one block
-    ("too many resources requested for launch")."""
-    return min(8 if length <= 256 else 16, MAX_SHARED_FLOATS // head_dim)
+def splits_for(longest: int) -> int:
+    """Splits a (row, head) for keys up to `longest`."""
+    return max(1, -(-longest // SPLIT_KEYS))
 
 
-def _kernel(backend: str):
-    return jit_kernel(backend, f"locals_decode_attention_{TAG}", SOURCES[backend], ["q", "cache", "meta", "scale"],
-                      ["out"])
+def _kernels(backend: str):
+    split, combine = SOURCES[backend]
+    return (jit_kernel(backend, f"locals_decode_attention_split_{TAG}", split, ["q", "cache", "meta", "scale"], ["part"]),
+            jit_kernel(backend, f"locals_decode_attention_combine_{TAG}", combine, ["part"], ["out"]))
 
 
 @dataclass(frozen=True)
@@ -225,13 +304,16 @@ class DecodeAttention:
         """q (B, heads, 1, dim) against the shared cache (2R, kv_heads, t_cap, dim); meta (2B,)
         int32: each row's slot, then how many of its keys count; `longest` the largest of
         those (or more) -> (B, heads * dim), the layout o_proj reads (no reshape after it)."""
-        rows, warps = q.shape[0], warps_for(longest, self.head_dim)
-        return _kernel(self.backend)(
-            inputs=[q, cache, meta, float_constant(scale)],
-            template=[("T", q.dtype), ("D", self.head_dim), ("W", warps)],
-            grid=(rows * self.heads * warps * 32, 1, 1), threadgroup=(warps * 32, 1, 1),
-            output_shapes=[(rows, self.heads * self.head_dim)], output_dtypes=[q.dtype],
-        )[0]
+        rows, splits = q.shape[0], splits_for(longest)
+        split, combine = _kernels(self.backend)
+        blocks = rows * self.heads * splits
+        part = split(inputs=[q, cache, meta, float_constant(scale)],
+                     template=[("T", q.dtype), ("D", self.head_dim), ("W", WARPS), ("C", SPLIT_KEYS)],
+                     grid=(blocks * WARPS * 32, 1, 1), threadgroup=(WARPS * 32, 1, 1),
+                     output_shapes=[(rows * self.heads, splits, self.head_dim + 2)], output_dtypes=[mx.float32])[0]
+        return combine(inputs=[part], template=[("T", q.dtype), ("D", self.head_dim)],
+                       grid=(rows * self.heads * self.head_dim, 1, 1), threadgroup=(self.head_dim, 1, 1),
+                       output_shapes=[(rows, self.heads * self.head_dim)], output_dtypes=[q.dtype])[0]
 
 
 def reference(q: mx.array, cache: mx.array, meta: mx.array, scale: float, stream=None,
