@@ -44,16 +44,20 @@ def host_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float,
 
 def grouped_scores(q: mx.array, keys: mx.array, scale: float) -> mx.array:
     """q (B, heads, n, dim) x keys (B, kv_heads, L, dim), in the inputs' dtype: (B, kv_heads, group,
-    n, L), grouped-query heads by reshaping (no keys repeated)."""
+    n, L). A key head's group of query heads is one matrix of group x n rows, so no batch axis is
+    broadcast: keys broadcast over the group took 2.8 against 0.7 ms a layer for 8 decode rows at
+    1,400 keys on two x86 cores (docs/benchmarks-log.md, "CPU: grouped heads as one matrix")."""
     b, heads, n, dim = q.shape
-    kv_heads = keys.shape[1]
-    return (q * scale).reshape(b, kv_heads, heads // kv_heads, n, dim) @ keys[:, :, None].swapaxes(-1, -2)
+    kv_heads, length = keys.shape[1], keys.shape[2]
+    rows = (q * scale).reshape(b, kv_heads, heads // kv_heads * n, dim)
+    return (rows @ keys.swapaxes(-1, -2)).reshape(b, kv_heads, heads // kv_heads, n, length)
 
 
 def weighted_values(weights: mx.array, values: mx.array) -> mx.array:
     """`grouped_scores`-shaped weights x values (B, kv_heads, L, dim): (B, heads, n, dim)."""
-    b, kv_heads, group, n, _ = weights.shape
-    return (weights @ values[:, :, None]).reshape(b, kv_heads * group, n, values.shape[-1])
+    b, kv_heads, group, n, length = weights.shape
+    out = weights.reshape(b, kv_heads, group * n, length) @ values
+    return out.reshape(b, kv_heads * group, n, values.shape[-1])
 
 
 @lru_cache(maxsize=8)
