@@ -109,7 +109,7 @@ def _compile_seams(layers: list, choices: ForwardChoices) -> list:
 
 def step_attention(model, plan, choices: ForwardChoices) -> tuple:
     """How a whole step attends, a key part of its graph: ("kernel", t_cap) where every layer
-    has a decode attention kernel that may run (its thread count follows t_cap, the most keys
+    has a decode attention kernel that may run (its split count follows t_cap, the most keys
     a row can hold), else ("mask", identity): MLX's attention over the whole capacity with
     each row's length masked, the rows read as a plain slice when they fill slots 0..B-1."""
     layers = model.model.layers
