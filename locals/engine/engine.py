@@ -33,7 +33,7 @@ from locals.engine.rows.sequence import Sequence
 from locals.engine.settings import EngineConfig
 from locals.engine.cache.shared_prefill import SharedPrefill
 from locals.engine.stats import Counters
-from locals.engine.warmup import WARM_KV_SHARE, ShapeWarmer, compile_stats
+from locals.engine.warmup import ShapeWarmer, compile_stats
 from locals.engine.step import Launched, StepRunner
 from locals.protocol import EngineStats, Event, FinishEvent, FinishReason, GenerationRequest, Usage
 
@@ -57,17 +57,21 @@ def _safe(sink: Sink, request_id: str) -> Sink:
 
 
 def _patch_kernels(loaded) -> tuple[int, int]:
-    """On GPUs, route small-batch quantized matmuls to the tuned kernels (if `locals tune` ran):
-    (layers patched, layer shape x row count pairs still untuned). Tuning never runs inside the
+    """On GPUs, route small-batch quantized matmuls to the tuned kernels (if `locals tune` ran),
+    and on CUDA passes of many rows to dense matmuls: (layers tuned, layer shape x row count pairs
+    still untuned). Tuning never runs inside the
     server: it held requests for seconds at a time (docs/tune.md)."""
     backend = getattr(loaded, "backend", None)
     if backend is None or getattr(backend, "kind", "cpu") == "cpu":
         return 0, 0
     try:
         from locals.engine.kernels import patch_model
+        from locals.engine.kernels.registry import route_wide_passes
         from locals.engine.kernels.tuning.tuner import untuned
 
         patched, left = patch_model(loaded.model), untuned(loaded.model)
+        if backend.kind == "cuda":
+            route_wide_passes(loaded.model)  # prompt chunks: dense matmuls (registry.WIDE_ROWS)
         if left:
             log.warning("kernels: %d layer shape x row count pairs untuned on this GPU; run `locals tune` "
                         "once (a few minutes) and restart for faster decoding", left)
@@ -127,9 +131,11 @@ class Engine:
         self.decode_batch = DecodeBatch(len(self.model.layers)) if supports_ragged(self.model) else None
         self.counters = Counters()
         # Decode-step shapes compiled ahead (warmup.py); `ready` is set once the first batch of them is.
+        # Traces run before ready or while idle, once the empty batch gave its arrays back (_loop):
+        # a traced batch may take the whole KV budget.
         compiles_ahead = cfg.warm_up_s > 0 and cfg.forward.compile_max_tokens and self.decode_batch is not None
         self.warmer = (ShapeWarmer(self.model, self.runner, cfg.max_batch, loaded.context_length,
-                                   self.kv_budget // WARM_KV_SHARE // max(self.bytes_per_token, 1),
+                                   self.kv_budget // max(self.bytes_per_token, 1),
                                    cfg.step_token_budget, self.scheduler.solo_budget) if compiles_ahead else None)
         self.ready = threading.Event()
         self._inbox: queue.Queue[Message] = queue.Queue()

@@ -24,29 +24,27 @@ from locals.engine.forward.kv import DecodeBatch, RowKV, row_capacity, token_cap
 from locals.engine.load.backend import release_memory
 
 log = logging.getLogger(__name__)
-# A shape compiled ahead allocates its batch for a moment: at most 1/WARM_KV_SHARE of the KV
-# budget (the whole context ahead exhausted a 24 GB machine). Larger batches run uncompiled.
-# An eighth left out 8 agents at 8–12k tokens on an H200 (a third of their steps ran uncompiled,
-# docs/benchmarks-log.md, "Attention graphs built per prompt length"); a quarter takes them in,
-# but for 8 x 12,288 (1% over on an H200). Half took that in and did worse: more shapes before the
-# 8-slot ones, so fewer of those by ready (docs/benchmarks-log.md, "Decode attention at agents' lengths").
-WARM_KV_SHARE = 4
+# Agents' contexts: a 2-4k system prompt and turns to ~16k. Shapes of every slot count up to this
+# capacity come before longer ones: with the fewest slots first and every capacity of each, one row
+# at 24-49k came before 8 rows at 12k, and 8 agents at 8-12k tokens ran a third of their steps
+# uncompiled on an H200 (docs/benchmarks-log.md, "Warm shapes in agents' order").
+AGENTS_CONTEXT = 16384
 
 
 def step_shapes(max_batch: int, max_positions: int, kv_positions: int) -> list[tuple[int, int, int]]:
-    """(rows, slots, capacity) of whole decode steps, the fewest slots first and every capacity
-    of each (the likeliest: agents' contexts run to thousands of tokens, their batches are
-    few; docs/benchmarks-log.md, "Attention graphs built per prompt length"): one row alone
-    in 4 slots, or as many rows as slots (forward.py's `step_rows`; slots are powers of two
-    from 4, kv.py), capacities up to `max_positions` (the model's context), batches of at most
-    `kv_positions`."""
+    """(rows, slots, capacity) of whole decode steps: one row alone in 4 slots, or as many rows
+    as slots (forward.py's `step_rows`; slots are powers of two from 4, kv.py), capacities up to
+    `max_positions` (the model's context), batches of at most `kv_positions` (the KV budget: a
+    batch traced ahead is allocated for a moment, never beside a live one). The likeliest first:
+    capacities up to AGENTS_CONTEXT, the fewest slots first and every capacity of each, then the
+    longer ones in the same order."""
     capacities = [token_capacity(1)]
     while capacities[-1] < max_positions:
         capacities.append(token_capacity(capacities[-1] + 1))
     slots = sorted({row_capacity(n) for n in range(1, max_batch + 1)})
     shapes = [(rows, n_slots, t_cap) for t_cap in capacities
               for rows, n_slots in [(1, 4)] + [(n, n) for n in slots] if n_slots * t_cap <= kv_positions]
-    return sorted(shapes, key=lambda s: (s[1], s[0], s[2]))
+    return sorted(shapes, key=lambda s: (s[2] > AGENTS_CONTEXT, s[1], s[0], s[2]))
 
 
 class ShapeWarmer:

@@ -38,13 +38,15 @@ def test_the_shapes_cover_every_batch_a_step_can_meet(max_batch):
                 assert (step_rows(members, slots), slots, token_capacity(positions)) in shapes
 
 
-def test_kv_budget_bounds_each_shape_and_few_slots_come_first_at_every_capacity():
-    shapes = step_shapes(64, 40960, 64 * 1024)
-    assert shapes and all(slots * t_cap <= 64 * 1024 for _rows, slots, t_cap in shapes)
-    assert shapes == sorted(shapes, key=lambda s: (s[1], s[0], s[2]))
+def test_kv_budget_bounds_each_shape_and_agents_contexts_come_first_at_every_slot_count():
+    shapes = step_shapes(64, 40960, 390 * 1024)  # an H200's KV budget for a 4B model
+    assert shapes and all(slots * t_cap <= 390 * 1024 for _rows, slots, t_cap in shapes)
     assert shapes[:3] == [(1, 4, 256), (1, 4, 384), (1, 4, 512)]
-    # 8 agents at 8k tokens come before 16 rows at 256.
-    assert shapes.index((8, 8, 8192)) < shapes.index((16, 16, 256))
+    agents = [s for s in shapes if s[2] <= warmup.AGENTS_CONTEXT]
+    assert shapes[:len(agents)] == sorted(agents, key=lambda s: (s[1], s[0], s[2]))
+    # 8 and 16 agents at 8-16k tokens come before one row at 24k and more.
+    assert shapes.index((8, 8, 12288)) < shapes.index((16, 16, 8192)) < shapes.index((1, 4, 24576))
+    assert (8, 8, 16384) in agents and (1, 4, 49152) in shapes
 
 
 def test_after_compiling_ahead_requests_run_no_pass_uncompiled(tiny_llama):

@@ -312,6 +312,27 @@ def test_reroute_gives_swapped_layers_the_row_counts_timed_since():
     assert reroute(model, later) == 0 and swap_count() == swaps + 1  # nothing new: nothing retraced
 
 
+def test_wide_passes_take_dense_matmuls_and_fewer_rows_keep_their_routes():
+    from locals.engine.kernels.registry import WIDE_ROWS, reroute, route_wide_passes
+
+    model = _quantized_mlp()
+    few, wide = mx.random.normal((8, 128)), mx.random.normal((WIDE_ROWS + 37, 128))
+    expected_few, expected_wide = model(few), model(wide)
+    table = _table_choosing(model, "mlx-dequant", rows=[3])
+    table.choices.pop(layer_problem(model.layers[1]).key)  # one layer tuned, the other left plain
+    assert patch_model(model, table) == 1
+    assert route_wide_passes(model) == 2
+    assert all(isinstance(layer, TunedQuantizedLinear) for layer in model.layers)
+    for layer in model.layers:
+        assert layer._routes.get(8) is None  # a decode step's rows: MLX's op
+        assert layer._routes.get(WIDE_ROWS).name == layer._routes.get(4 * WIDE_ROWS).name == "mlx-dequant"
+    assert model.layers[0]._routes.get(3) is not None and "from 256 rows" in repr(model.layers[0]._routes)
+    assert mx.array_equal(model(few), expected_few)
+    assert mx.allclose(model(wide), expected_wide, rtol=1e-2, atol=1e-2)
+    later = _table_choosing(model, "mlx-dequant", rows=[3, 4])
+    assert reroute(model, later) == 2 and all(layer._routes.wide is not None for layer in model.layers)
+
+
 def test_model_problems_lists_distinct_layer_shapes():
     problems = model_problems(_quantized_mlp())
     assert {p.key for p in problems} == {"q4-g64-float32-192x128", "q4-g64-float32-64x192"}

@@ -34,7 +34,8 @@ def dequantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.ar
 
 class DequantizedCandidate:
     """Dequantize the weights to x's dtype, then a dense matmul: a plain-MLX candidate that
-    wins where MLX's quantized op is slow (its CPU backend) and loses on GPUs."""
+    wins where MLX's quantized op is slow (its CPU backend; CUDA from ~256 rows, registry.WIDE_ROWS)
+    and loses on GPUs at a decode step's few rows."""
 
     name = "mlx-dequant"
     launches = 2  # kernels a call queues (tuning weighs their host cost on CUDA)

@@ -3,7 +3,8 @@
 A layer is swapped only when this chip's tuning table (same MLX version, same kernel
 sources) chose a verified candidate for the layer's problem at some row count; the
 swapped layer uses that candidate for those row counts and MLX's own op for all others.
-Without a table nothing changes.
+Without a table nothing changes, but on CUDA (`route_wide_passes`): passes of WIDE_ROWS rows
+or more, prompt chunks, dequantize the weights and run a dense matmul.
 """
 
 from __future__ import annotations
@@ -15,9 +16,15 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from locals.engine.kernels import glu, normfold
+from locals.engine.kernels.reference import DequantizedCandidate
 from locals.engine.kernels.resident import float_constant
 from locals.engine.kernels.tuning.tuner import (MLX_OP, Problem, TuningTable, current_chip, default_candidates,
                                                 fill_rows, load_table, problem_of, tied_head)
+
+# From this many rows a dense matmul on the dequantized weights beats MLX 0.32's CUDA quantized
+# matmul, whose time grows with the rows as if each row tile read the weights again: 1.0-1.1x at
+# 256 rows, 1.5-1.8x at 512, 2.9-3.3x at 2,048 (docs/benchmarks-log.md, "Prompt chunks: dense matmuls on CUDA").
+WIDE_ROWS = 256
 
 _swaps = {"count": 0}  # bumped by modules_swapped(): compiled graphs of older modules are stale
 
@@ -36,14 +43,14 @@ def swap_count() -> int:
 class TunedQuantizedLinear(nn.QuantizedLinear):
     """A QuantizedLinear that routes each call by its row count to the tuned kernel or MLX's op."""
 
-    def __init__(self, layer: nn.QuantizedLinear, kernels: dict[int, object]):
+    def __init__(self, layer: nn.QuantizedLinear, kernels: dict[int, object], wide=None):
         nn.Module.__init__(self)
         self.group_size, self.bits, self.mode = layer.group_size, layer.bits, getattr(layer, "mode", "affine")
         for name in ("weight", "scales", "biases", "bias"):
             if name in layer:
                 self[name] = layer[name]
         # A plain object attribute (not a dict) so it stays out of the parameter tree.
-        self._routes = _Routes(kernels)
+        self._routes = _Routes(kernels, wide)
         self.freeze()
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -121,20 +128,23 @@ def _routed(layer, x: mx.array) -> mx.array | None:
 
 
 class _Routes:
-    """Row count -> kernel; absent row counts use MLX's op."""
+    """Row count -> kernel; `wide` from WIDE_ROWS rows on; other row counts use MLX's op."""
 
-    def __init__(self, kernels: dict[int, object]):
+    def __init__(self, kernels: dict[int, object], wide=None):
         self.kernels = dict(kernels)
+        self.wide = wide
         self.gated_rows: set[int] = set()  # row counts whose kernel writes silu(gate) * up (fold_gated)
         self.norm_rows: set[int] = set()  # ... whose kernel also adds the residual and normalizes (fold_norm)
         self.count = None  # the add + norm kernel's launch counter, this layer's own (normfold.py)
 
     def get(self, rows: int):
-        return self.kernels.get(rows)
+        kernel = self.kernels.get(rows)
+        return self.wide if kernel is None and rows >= WIDE_ROWS else kernel
 
     def __repr__(self) -> str:
         names = sorted({k.name for k in self.kernels.values()})
-        folded = f", silu(gate) * up at rows {sorted(self.gated_rows)}" if self.gated_rows else ""
+        folded = f", {self.wide.name} from {WIDE_ROWS} rows" if self.wide is not None else ""
+        folded += f", silu(gate) * up at rows {sorted(self.gated_rows)}" if self.gated_rows else ""
         folded += f", add + norm folded at rows {sorted(self.norm_rows)}" if self.norm_rows else ""
         return f"rows {sorted(self.kernels)} -> {', '.join(names)}{folded}"
 
@@ -222,6 +232,22 @@ def patch_model(model: nn.Module, table: TuningTable | None = None) -> int:
     return len(swaps)
 
 
+def route_wide_passes(model: nn.Module) -> int:
+    """On CUDA: every quantized linear (tuned or not; not a tied head, which reads a pass's last
+    tokens only) takes passes of WIDE_ROWS rows or more to dequantize-then-matmul; returns how many."""
+    wide, routed, swaps = DequantizedCandidate(), 0, []
+    for path, layer in model.named_modules():
+        if isinstance(layer, TunedQuantizedLinear):
+            layer._routes.wide, routed = wide, routed + 1
+        elif layer_problem(layer) is not None:
+            swaps.append((path, TunedQuantizedLinear(layer, {}, wide)))
+    if swaps:
+        model.update_modules(tree_unflatten(swaps))
+    if routed or swaps:
+        modules_swapped()
+    return routed + len(swaps)
+
+
 def reroute(model: nn.Module, table: TuningTable) -> int:
     """Give layers swapped earlier the routes `table` has now for their problems (idle tuning
     timed row counts they lacked when the model loaded), folds checked again; returns how many changed."""
@@ -236,7 +262,7 @@ def reroute(model: nn.Module, table: TuningTable) -> int:
         routes = _routes_for(problem, table, candidates)
         if _names(routes) == _names(layer._routes.kernels):
             continue
-        layer._routes = _Routes(routes)
+        layer._routes = _Routes(routes, layer._routes.wide)
         if isinstance(layer, TunedQuantizedLinear):
             _fold_activation(path, layer)
         changed += 1
