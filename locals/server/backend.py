@@ -22,6 +22,7 @@ from locals.protocol import (EngineStats, Event, FinishEvent, FinishReason, Gene
 from locals.server import overflow
 from locals.server.activity import STEERED, Activity, RequestRecord
 from locals.server.callers import Caller, caller_of, conversation_key, title_of
+from locals.server.reply_tokens import ReplyTokens, assistant_texts
 from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
 
 if TYPE_CHECKING:
@@ -140,6 +141,7 @@ class Backend:
         self.activity = activity or Activity()
         self.max_tokens = max_tokens  # the server's cap on any reply (`serve --max-tokens`), None: none
         self.overflow = overflow_policy  # what a conversation past the context gets (`serve --overflow`)
+        self._replies = ReplyTokens()  # recent replies' own tokens, for the turns that send them back
 
     @property
     def name(self) -> str:
@@ -156,12 +158,17 @@ class Backend:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
+    def encode_text(self, text: str, messages: list[dict] | None = None) -> list[int]:
+        """A rendered prompt's tokens, the replies among `messages` it holds in their own tokens (reply_tokens.py)."""
+        return self._replies.encode(text, assistant_texts(messages or []),
+                                    lambda part: list(self.loaded.tokenizer.encode(part, add_special_tokens=False)))
+
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None,
                     continue_final: bool = False) -> list[int]:
         if continue_final:
             try:
                 text = self._render(self.loaded, messages, tools=tools or None, continue_final=True)
-                return list(self.loaded.tokenizer.encode(text, add_special_tokens=False))
+                return self.encode_text(text, messages)
             except Exception:  # a template that cannot leave its last message open: a new turn
                 log.info("the chat template cannot continue a prefill; the reply starts a new turn")
         try:
@@ -171,7 +178,7 @@ class Backend:
             raise
         except Exception as exc:  # a template that rejects these messages
             raise RequestError(f"the model's chat template rejected the messages: {exc}") from None
-        return list(self.loaded.tokenizer.encode(text, add_special_tokens=False))
+        return self.encode_text(text, messages)
 
     def token_text(self, token: int) -> str:
         return self.loaded.tokenizer.decode([token])
@@ -191,7 +198,8 @@ class Backend:
         else:
             tokens = self._fit(chat, self._brief(chat, self.encode_chat(chat.messages or [], chat.tools,
                                                                        chat.continue_final)))
-            points = self._boundaries(self.loaded, chat.messages or [], chat.tools, tokens)
+            points = self._boundaries(self.loaded, chat.messages or [], chat.tools, tokens,
+                                      encode=lambda text: self.encode_text(text, chat.messages))
         sampling = chat.sampling
         if self.context_length:
             room = self.context_length - len(tokens)
@@ -270,6 +278,7 @@ class Backend:
             record.guards.append(STEERED)
         finish, usage = "cancelled", Usage(prompt_tokens=len(request.prompt_tokens))
         submitted, first_at = time.perf_counter(), None
+        reply_tokens, reply_text = [], []
         try:
             if announce:
                 yield ACCEPTED
@@ -285,11 +294,15 @@ class Backend:
                         if finish == "cancelled":  # read by a client still here: the engine stopped under it
                             finish, error = "error", STOPPED_MESSAGE
                         prompt_s = (first_at or time.perf_counter()) - submitted
+                        if finish in ("stop", "length") and not event.detail.get("stop_sequence"):
+                            self._replies.remember("".join(reply_text), reply_tokens, self.loaded.tokenizer.decode)
                         yield Done(finish, usage, error, prompt_s, event.detail.get("stop_sequence"))
                         return
                     first_at = first_at or time.perf_counter()
                     self.activity.first_token(record)
                     usage.completion_tokens += len(event.tokens)
+                    reply_tokens += event.tokens
+                    reply_text.append(event.text)
                     record.completion_tokens = usage.completion_tokens  # the dashboard's row counts as it goes
                     pieces = [_wrap(p) for p in splitter.feed(event.text)]
                     if event.logprobs and not any(isinstance(p, Text) for p in pieces):

@@ -118,7 +118,7 @@ def make_state(engine, *, constraints=None, **settings):
     from locals.server.state import ServerState
 
     backend = Backend(FakeLoaded(), engine, render=render, constrain=constraints or Constraints(),
-                      boundaries=lambda loaded, messages, tools, tokens: [])
+                      boundaries=lambda loaded, messages, tools, tokens, encode=None: [])
     return ServerState(model="fake", backend=backend, **settings)
 
 

@@ -134,20 +134,22 @@ def encode_prompt(loaded, text: str) -> list[int]:
     return loaded.tokenizer.encode(text, add_special_tokens=False)
 
 
-def cache_points(loaded, messages: list[dict], tools: list[dict] | None, tokens: list[int]) -> list[int]:
+def cache_points(loaded, messages: list[dict], tools: list[dict] | None, tokens: list[int],
+                 encode=None) -> list[int]:
     """Token counts where `tokens` (the whole rendered prompt) ends a message boundary worth caching.
 
     The system prompt (with the tools) and everything before the last message: the next
     turn of the same conversation, or another agent with the same system prompt, starts
-    with one of these. A boundary is kept only if its rendering is a true token prefix.
+    with one of these. A boundary is kept only if its rendering, tokenized by `encode` (the one
+    that made `tokens`; default `encode_prompt`), is a true token prefix.
     """
+    encode = encode or (lambda text: encode_prompt(loaded, text))
     ends = {k for k in (1 if messages and messages[0].get("role") == "system" else 0,
                         len(messages) - 1) if 0 < k < len(messages)}
     points = []
     for k in sorted(ends):
         try:
-            prefix = encode_prompt(loaded, render_prompt(loaded, messages[:k], tools,
-                                                         add_generation_prompt=False))
+            prefix = encode(render_prompt(loaded, messages[:k], tools, add_generation_prompt=False))
         except Exception:  # a template that refuses a partial conversation: no boundary there
             continue
         if 0 < len(prefix) < len(tokens) and tokens[: len(prefix)] == prefix:

@@ -1,0 +1,71 @@
+"""Replies keep the tokens they were generated as.
+
+A client sends the conversation back with the assistant's earlier replies as text, and the
+server tokenizes the rendered prompt again. Text does not always come back as the tokens that
+wrote it (a tokenizer has many ways to spell a string and the model may take one its encoder
+never would; a random model's replies almost never come back whole), and the prompt cache holds
+the tokens the model generated, so from the first token that differs everything is read again:
+on the H200 benchmark's burst, 700-2,100 tokens an agent (docs/benchmarks-log.md, "Decode attention
+at agents' lengths"). So the server remembers each recent reply's text with its tokens, and where
+a rendered prompt holds that exact text, those tokens stand in for it: the prompt then continues
+the cached tokens through the reply.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+KEEP = 512  # replies remembered (a team of agents' last few turns each), least recently used out
+MIN_CHARS = 16  # shorter replies are cheap to read again and too likely to occur elsewhere
+
+
+class ReplyTokens:
+    """Recent replies' text -> the tokens generated for it (used from the event loop and the
+    threads that prepare requests)."""
+
+    def __init__(self, keep: int = KEEP):
+        self.keep = keep
+        self._by_text: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, text: str, tokens: list[int], decode: Callable[[list[int]], str]) -> None:
+        """Keep `tokens` for `text` when they decode to exactly it (a trailing end-of-turn token the
+        text does not show is dropped: the chat template writes its own)."""
+        if len(text) < MIN_CHARS or not tokens:
+            return
+        if decode(tokens) != text:
+            tokens = tokens[:-1]
+            if not tokens or decode(tokens) != text:
+                return
+        with self._lock:
+            self._by_text[text] = tuple(tokens)
+            self._by_text.move_to_end(text)
+            while len(self._by_text) > self.keep:
+                self._by_text.popitem(last=False)
+
+    def encode(self, text: str, replies: list[str], encode: Callable[[str], list[int]]) -> list[int]:
+        """`text` tokenized, each remembered reply among `replies` (the conversation's assistant
+        messages, in order) that the text holds, from where the last one ended, spelled with its
+        own tokens; the rest by `encode`."""
+        tokens: list[int] = []
+        start = 0
+        for reply in replies:
+            with self._lock:
+                own = self._by_text.get(reply)
+                if own:
+                    self._by_text.move_to_end(reply)
+            at = text.find(reply, start) if own else -1
+            if at < 0:
+                continue
+            tokens += encode(text[start:at]) if at > start else []
+            tokens += own
+            start = at + len(reply)
+        return tokens + encode(text[start:]) if start < len(text) else tokens
+
+
+def assistant_texts(messages: list[dict]) -> list[str]:
+    """The text of each assistant message that is plain text, in order."""
+    return [m["content"] for m in messages
+            if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"]]
