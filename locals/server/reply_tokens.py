@@ -31,14 +31,15 @@ class ReplyTokens:
         self._lock = threading.Lock()
 
     def remember(self, text: str, tokens: list[int], decode: Callable[[list[int]], str]) -> None:
-        """Keep `tokens` for `text` when they decode to exactly it (a trailing end-of-turn token the
-        text does not show is dropped: the chat template writes its own)."""
-        if len(text) < MIN_CHARS or not tokens:
+        """Keep `tokens` for `text` when they write it: exactly, or with the space before the first
+        word that the streamed text drops (mlx-lm's detokenizer trims it; the model wrote it, and the
+        cache holds it). A trailing end-of-turn token the text does not show is dropped: the chat
+        template writes its own."""
+        if len(text) < MIN_CHARS:
             return
-        if decode(tokens) != text:
-            tokens = tokens[:-1]
-            if not tokens or decode(tokens) != text:
-                return
+        tokens = next((cut for cut in (tokens, tokens[:-1]) if cut and decode(cut) in (text, " " + text)), None)
+        if tokens is None:
+            return
         with self._lock:
             self._by_text[text] = tuple(tokens)
             self._by_text.move_to_end(text)

@@ -64,6 +64,10 @@ def test_only_tokens_that_write_the_text_are_kept_and_the_oldest_go_first():
     replies.remember(second, pairs("something else entirely!!"), decode)  # not its text: not kept
     replies.remember("short", encode("short"), decode)  # too short to be worth it
     assert list(replies._by_text) == [first]
+    spaced = "a reply whose first token had a space"
+    replies.remember(spaced, encode(" " + spaced), decode)  # the stream dropped it; the model wrote it
+    assert replies._by_text[spaced] == tuple(encode(" " + spaced))
+    replies._by_text.pop(spaced)
     replies.remember(second, encode(second), decode)
     replies.remember(third, encode(third), decode)
     assert list(replies._by_text) == [second, third]
