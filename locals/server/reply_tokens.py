@@ -2,13 +2,13 @@
 
 A client sends the conversation back with the assistant's earlier replies as text, and the
 server tokenizes the rendered prompt again. Text does not always come back as the tokens that
-wrote it (a tokenizer has many ways to spell a string and the model may take one its encoder
-never would; a random model's replies almost never come back whole), and the prompt cache holds
-the tokens the model generated, so from the first token that differs everything is read again:
-on the H200 benchmark's burst, 700-2,100 tokens an agent (docs/benchmarks-log.md, "Decode attention
-at agents' lengths"). So the server remembers each recent reply's text with its tokens, and where
-a rendered prompt holds that exact text, those tokens stand in for it: the prompt then continues
-the cached tokens through the reply.
+wrote it: the streamed text drops the space a reply's first token starts with (mlx-lm's
+detokenizer trims it), and a model may spell a string in a way its encoder never would. The
+prompt cache holds the tokens the model generated, so from the first token that differs the
+reply and all after it are read again: 700-2,100 tokens an agent in the H200 benchmark's burst
+(docs/benchmarks-log.md, "Replies keep their own tokens"). So the server remembers recent
+replies' text with their tokens, and where a rendered prompt holds that exact text, those tokens
+stand in for it: the prompt continues the cached tokens through the reply.
 """
 
 from __future__ import annotations
