@@ -157,6 +157,19 @@ def test_top_p_zero_keeps_the_most_likely_token():
         key = out.keys[0]
 
 
+@pytest.mark.parametrize("top_p", [0.0, 0.5, 0.9])
+def test_top_p_on_the_host_keeps_the_same_tokens_as_on_the_device(monkeypatch, top_p):
+    from locals.engine.rows import sampling
+
+    scaled = mx.random.normal((4, 5000), key=mx.random.key(3)) * 3
+    kept = {}
+    for on_host in (False, True):
+        monkeypatch.setattr(sampling, "SORT_ON_HOST", on_host)
+        kept[on_host] = ~mx.isinf(sampling._top_p(scaled, [top_p] * 4))
+    assert mx.array_equal(kept[False], kept[True])
+    assert kept[True].sum(axis=-1).min().item() >= 1
+
+
 def test_sampling_params_name_the_value_out_of_range():
     from locals.protocol import SamplingParams
 

@@ -1,5 +1,5 @@
 """Sampling for a whole batch on the device: constraint masks, temperature, top-k/top-p/min-p,
-per-row PRNG keys, and log-probabilities.
+per-row PRNG keys, and log-probabilities (top-p's sort on the host on the CPU).
 
 Each row carries its own key, split once per sampled token, so a seeded request draws
 the same tokens whatever its batch mates are. Rows without a constraint mask or a
@@ -11,14 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from locals.engine.constrain.apply import apply_bitmasks
 from locals.engine.forward.rowfeed import RowOf, join_rows
+from locals.engine.load.backend import detect
 
 _split = mx.vmap(lambda key: mx.random.split(key))
 # Temperatures at or below this draw greedily: they are greedy in effect, and 1e-45 (a denormal,
 # flushed to zero) turned every logit into inf, so the draw returned token 0 (end-of-text garbage).
 GREEDY_BELOW = 1e-4
+# top-p sorts the batch's probabilities: on the CPU in numpy, 4x MLX's sort there (8 against 32 ms
+# for 8 rows of 49,152; a top-p step 44 ms before: docs/benchmarks-log.md, "CPU: top-p's sort in numpy").
+SORT_ON_HOST = detect().kind == "cpu"
 
 
 @dataclass
@@ -128,14 +133,24 @@ def _top_k(scaled: mx.array, ks: list[int]) -> mx.array:
 
 
 def _top_p(scaled: mx.array, ps: list[float]) -> mx.array:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
     probs = mx.softmax(scaled, axis=-1)
+    if SORT_ON_HOST:
+        return mx.where(probs < mx.array(_host_floor(probs, ps)), -mx.inf, scaled)
     desc = -mx.sort(-probs, axis=-1)
     before = mx.cumsum(desc, axis=-1) - desc
-    top_p = mx.array(ps)[:, None]
-    # Keep the smallest set of most likely tokens whose mass reaches top_p (at least one).
-    kept = before < top_p
+    kept = before < mx.array(ps)[:, None]
     floor = mx.minimum(mx.min(mx.where(kept, desc, mx.inf), axis=-1, keepdims=True), desc[:, :1])
     return mx.where(probs < floor, -mx.inf, scaled)
+
+
+def _host_floor(probs: mx.array, ps: list[float]) -> np.ndarray:
+    """`_top_p`'s floor per row in numpy, the probabilities evaluated (the CPU's engine reads each
+    step before the next anyway, forward/host_attention.py)."""
+    desc = -np.sort(-np.asarray(probs.astype(mx.float32)), axis=-1)
+    before = np.cumsum(desc, axis=-1) - desc
+    kept = before < np.asarray(ps, np.float32)[:, None]
+    return np.minimum(np.where(kept, desc, np.inf).min(axis=-1, keepdims=True), desc[:, :1]).astype(np.float32)
 
 
 def _add_logprobs(out: Sampled, logits: mx.array, k: int) -> None:
