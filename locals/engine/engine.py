@@ -34,6 +34,7 @@ from locals.engine.settings import EngineConfig
 from locals.engine.cache.shared_prefill import SharedPrefill
 from locals.engine.stats import Counters
 from locals.engine.warmup import ShapeWarmer, compile_stats
+from locals.engine.kernel_setup import fuse_kernels, patch_kernels
 from locals.engine.step import Launched, StepRunner
 from locals.protocol import EngineStats, Event, FinishEvent, FinishReason, GenerationRequest, Usage
 
@@ -56,49 +57,6 @@ def _safe(sink: Sink, request_id: str) -> Sink:
     return call
 
 
-def _patch_kernels(loaded) -> tuple[int, int]:
-    """On GPUs, route small-batch quantized matmuls to the tuned kernels (if `locals tune` ran),
-    and on CUDA passes of many rows to dense matmuls: (layers tuned, layer shape x row count pairs
-    still untuned). Tuning never runs inside the
-    server: it held requests for seconds at a time (docs/tune.md)."""
-    backend = getattr(loaded, "backend", None)
-    if backend is None or getattr(backend, "kind", "cpu") == "cpu":
-        return 0, 0
-    try:
-        from locals.engine.kernels import patch_model
-        from locals.engine.kernels.registry import route_wide_passes
-        from locals.engine.kernels.tuning.tuner import untuned
-
-        patched, left = patch_model(loaded.model), untuned(loaded.model)
-        if backend.kind == "cuda":
-            route_wide_passes(loaded.model)  # prompt chunks: dense matmuls (registry.WIDE_ROWS)
-        if left:
-            log.warning("kernels: %d layer shape x row count pairs untuned on this GPU; run `locals tune` "
-                        "once (a few minutes) and restart for faster decoding", left)
-        return patched, left
-    except Exception:  # a missing or stale tuning table must never stop serving
-        log.exception("tuned kernels not applied")
-        return 0, 0
-
-
-def _fuse_kernels(loaded) -> dict[str, int]:
-    """On GPUs, give ragged-forward models the fused kernels (q/k norm + RoPE, add + norm) that verify here."""
-    kind = getattr(getattr(loaded, "backend", None), "kind", "cpu")
-    if kind == "cpu" or not supports_ragged(loaded.model):
-        return {}
-    try:
-        from locals.engine.kernels import fused
-        from locals.engine.kernels.registry import modules_swapped
-
-        attached = fused.attach(loaded.model, kind)
-        if any(attached.values()):
-            modules_swapped()  # compiled graphs traced without them
-        return attached
-    except Exception:  # an optimisation: MLX's own ops serve without them
-        log.exception("fused kernels not applied")
-        return {}
-
-
 class Engine:
     """Continuous batching over one loaded model."""
 
@@ -110,8 +68,8 @@ class Engine:
         self.config = config or EngineConfig()
         # Before tuning: the tuned layers are the joined ones.
         self.fused_groups = fuse_projections(self.model) if self.config.fuse_projections else 0
-        self.patched_layers, self.untuned_pairs = _patch_kernels(loaded) if self.config.tuned_kernels else (0, 0)
-        self.fused_kernel_layers = _fuse_kernels(loaded) if self.config.tuned_kernels else {}
+        self.patched_layers, self.untuned_pairs = patch_kernels(loaded) if self.config.tuned_kernels else (0, 0)
+        self.fused_kernel_layers = fuse_kernels(loaded) if self.config.tuned_kernels else {}
         self.tokenizer = loaded.tokenizer
         self.kv_budget = self.config.resolved_kv_budget()
         self.bytes_per_token = kv_bytes_per_token(self.model)

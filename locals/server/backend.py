@@ -277,8 +277,7 @@ class Backend:
         if steered:
             record.guards.append(STEERED)
         finish, usage = "cancelled", Usage(prompt_tokens=len(request.prompt_tokens))
-        submitted, first_at = time.perf_counter(), None
-        reply_tokens, reply_text = [], []
+        submitted, first_at, heard = time.perf_counter(), None, []
         try:
             if announce:
                 yield ACCEPTED
@@ -288,21 +287,15 @@ class Backend:
                     if isinstance(event, FinishEvent):
                         for piece in splitter.finish():
                             yield _wrap(piece)
-                        finish, usage, error = event.reason, event.usage, event.error
-                        if finish == "stop" and splitter.calls:
-                            finish = "tool_calls"
-                        if finish == "cancelled":  # read by a client still here: the engine stopped under it
-                            finish, error = "error", STOPPED_MESSAGE
-                        prompt_s = (first_at or time.perf_counter()) - submitted
-                        if finish in ("stop", "length") and not event.detail.get("stop_sequence"):
-                            self._replies.remember("".join(reply_text), reply_tokens, self.loaded.tokenizer.decode)
-                        yield Done(finish, usage, error, prompt_s, event.detail.get("stop_sequence"))
+                        done = self._done(event, bool(splitter.calls), (first_at or time.perf_counter()) - submitted,
+                                          heard)
+                        finish, usage = done.reason, done.usage
+                        yield done
                         return
                     first_at = first_at or time.perf_counter()
                     self.activity.first_token(record)
                     usage.completion_tokens += len(event.tokens)
-                    reply_tokens += event.tokens
-                    reply_text.append(event.text)
+                    heard.append(event)
                     record.completion_tokens = usage.completion_tokens  # the dashboard's row counts as it goes
                     pieces = [_wrap(p) for p in splitter.feed(event.text)]
                     if event.logprobs and not any(isinstance(p, Text) for p in pieces):
@@ -317,6 +310,19 @@ class Backend:
             if finish == "cancelled":  # the access log has no line for a request whose client left
                 log.info("%s request %s cancelled: the client left after %d tokens", chat.api,
                          request.id, usage.completion_tokens)
+
+    def _done(self, event: FinishEvent, called: bool, prompt_s: float, heard: list) -> Done:
+        """The reply's end as the APIs report it; a plain reply's tokens are kept for the turn
+        that sends it back (reply_tokens.py)."""
+        finish, error, stop = event.reason, event.error, event.detail.get("stop_sequence")
+        if finish == "stop" and called:
+            finish = "tool_calls"
+        if finish == "cancelled":  # read by a client still here: the engine stopped under it
+            finish, error = "error", STOPPED_MESSAGE
+        if finish in ("stop", "length") and not stop:
+            self._replies.remember("".join(e.text for e in heard), [t for e in heard for t in e.tokens],
+                                   self.loaded.tokenizer.decode)
+        return Done(finish, event.usage, error, prompt_s, stop)
 
     def _record(self, chat: Chat, request_id: str, prompt_tokens: int) -> RequestRecord:
         """The request's entry in the activity, under its caller's conversation."""
