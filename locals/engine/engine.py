@@ -240,18 +240,19 @@ class Engine:
                 self.warmer.warm(self.config.warm_up_s, stop=self._stopping.is_set)
             self.ready.set()
             launched: Launched | None = None
-            busy = False
+            busy, idle_since = False, time.perf_counter()
             while not self._stopping.is_set():
                 idle = launched is None and not self._active and not self._waiting
                 if idle and busy:
                     # Once the last request is gone, give freed memory back so the server
                     # returns to its idle size between bursts of agents.
                     release_memory()
+                    idle_since = time.perf_counter()
                 busy = not idle
                 if idle:
                     self.counters.intervals.waited()
-                warming = self.warmer is not None and not self.warmer.done
-                if idle and warming and self._inbox.empty():
+                warming = idle and self.warmer is not None and self.warmer.due(time.perf_counter() - idle_since)
+                if warming and self._inbox.empty():
                     self.warmer.warm(0.0)  # one shape: a request arriving now waits for one trace at most
                 # A bounded slice of the prompt cache's copy to host for disk (never a whole
                 # prefix in one go: every running stream would stall on it).

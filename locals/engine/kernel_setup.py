@@ -28,8 +28,10 @@ def patch_kernels(loaded) -> tuple[int, int]:
         if backend.kind == "cuda":
             route_wide_passes(loaded.model)  # prompt chunks: dense matmuls (registry.WIDE_ROWS)
         if left:
-            log.warning("kernels: %d layer shape x row count pairs untuned on this GPU; run `locals tune` "
-                        "once (a few minutes) and restart for faster decoding", left)
+            # Not a warning: served, a tuned table started later and held a lone agent's requests
+            # (docs/tune.md, "What a tuned table costs a served start").
+            log.info("kernels: %d layer shape x row count pairs run MLX's own ops on this GPU; `locals tune` "
+                     "times faster kernels for them (a few minutes; a tuned server starts later)", left)
         return patched, left
     except Exception:  # a missing or stale tuning table must never stop serving
         log.exception("tuned kernels not applied")

@@ -4,7 +4,7 @@ A whole decode step is one compiled graph per shape (rows in the step, slots of 
 batch, token capacity; forward/compiled.py), and a graph traced while a request waits holds
 every stream of that step. The shapes are few by construction (forward/kv.py's capacities,
 forward.py's `step_rows`), so the engine traces them ahead: the likeliest before the server
-says it is ready, the rest one at a time between steps while no request is around. Each
+says it is ready, the rest one at a time once no request has been around for a while. Each
 shape runs through the real forward pass on placeholder rows (zeros in a throwaway decode
 batch), so what is traced is exactly what a request would meet. See docs/arch/engine.md,
 "Shapes".
@@ -29,6 +29,11 @@ log = logging.getLogger(__name__)
 # at 24-49k came before 8 rows at 12k, and 8 agents at 8-12k tokens ran a third of their steps
 # uncompiled on an H200 (docs/benchmarks-log.md, "Warm shapes in agents' order").
 AGENTS_CONTEXT = 16384
+# An idle trace holds a request that arrives meanwhile for as long as it runs, so one starts only
+# after the engine has been idle at least as long as the last took, and this long at least.
+# Traces of 2-5 s started between one agent's turns held its requests (TTFT p50 4.1 s against
+# 0.3 s; docs/benchmarks-log.md, "A tuned table served, against none").
+IDLE_QUIET_S = 0.5
 
 
 def step_shapes(max_batch: int, max_positions: int, kv_positions: int) -> list[tuple[int, int, int]]:
@@ -80,6 +85,7 @@ class ShapeWarmer:
                                  ((self._trace_seams, (n,)) for n in lengths))
         self.traced = 0
         self.seconds = 0.0
+        self.last_trace_s = 0.0
         self.done = False  # every shape compiled
 
     def warm(self, budget_s: float, stop=lambda: False) -> None:
@@ -98,6 +104,13 @@ class ShapeWarmer:
         self.done = True
         log.info("compiled every decode-step shape: %d in %.1f s", self.traced, self.seconds)
 
+    def due(self, idle_for_s: float) -> bool:
+        """Whether an idle trace may start after `idle_for_s` seconds without a request: shapes
+        remain and the engine has been quiet at least as long as the last trace took (IDLE_QUIET_S
+        at least). Between an agent's turns a trace of seconds would meet the next turn; a server
+        left alone still compiles every shape."""
+        return not self.done and idle_for_s >= max(IDLE_QUIET_S, self.last_trace_s)
+
     def _trace(self, trace, shape: tuple) -> None:
         began = time.perf_counter()
         self.runner.compiled.on_demand = True
@@ -109,7 +122,7 @@ class ShapeWarmer:
             # cache keeps a batch of every size traced.
             release_memory()
         took = time.perf_counter() - began
-        self.traced, self.seconds = self.traced + 1, self.seconds + took
+        self.traced, self.seconds, self.last_trace_s = self.traced + 1, self.seconds + took, took
         # Seconds a request arriving meanwhile would have waited: logged where they count.
         log.log(logging.INFO if took >= 0.5 else logging.DEBUG, "compiled %s %s in %.2f s",
                 trace.__name__.removeprefix("_trace_"), shape, took)

@@ -146,3 +146,24 @@ def test_the_cpu_compiles_nothing_ahead_and_is_ready_at_once(tiny_llama):
         assert (extra["compiled_shapes"], extra["compiling_ahead"], extra["uncompiled_passes"]) == (0, False, 0)
     finally:
         engine.stop()
+
+
+def test_idle_traces_wait_for_the_engine_to_stay_quiet_as_long_as_the_last_took(tiny_llama, monkeypatch):
+    # A trace started between one agent's turns holds its next request for the trace's length:
+    # after ready (and after each request) the engine traces only once quiet for IDLE_QUIET_S.
+    monkeypatch.setattr(warmup, "IDLE_QUIET_S", 3.0)
+    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=4, speculate=False, warm_up_s=0.01,
+                                             kv_budget_bytes=64 << 20, **AS_ON_A_GPU))
+    engine.start()
+    try:
+        assert engine.ready.wait(120)
+        before = engine.stats().extra["compiled_shapes"]
+        assert run_alone(engine, make_prompts(tiny_llama.tokenizer, [20])[0], max_tokens=4)[0]
+        assert engine.stats().extra["compiled_shapes"] == before  # nothing traced within 3 s of ready
+        assert wait_for(lambda: engine.stats().extra["compiled_shapes"] > before, timeout=60)
+        warmer = engine.warmer
+        assert not warmer.due(2.9) and warmer.due(3.0)
+        warmer.last_trace_s = 5.0  # a trace of seconds: the engine waits as long before the next
+        assert not warmer.due(4.9) and warmer.due(5.0)
+    finally:
+        engine.stop()
