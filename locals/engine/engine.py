@@ -86,7 +86,11 @@ class Engine:
                                  speculate_max_rows=cfg.speculate_max_rows, choices=cfg.forward)
         self.shared_prefill = SharedPrefill(self.prefix_cache, self._insert_prefix)
         # Decoding rows share one padded KV per layer (one attention call for all of them).
-        self.decode_batch = DecodeBatch(len(self.model.layers)) if supports_ragged(self.model) else None
+        # Slots from 4 only where steps compile (each slot count is a graph): on the CPU a new batch of
+        # 4 slots for one row took ~95 ms to allocate and fill, a row's second token waiting on it
+        # (docs/benchmarks-log.md, "CPU: a batch as small as its rows").
+        least_slots = 4 if cfg.forward.compile_max_tokens else 1
+        self.decode_batch = DecodeBatch(len(self.model.layers), least_slots) if supports_ragged(self.model) else None
         self.counters = Counters()
         # Decode-step shapes compiled ahead (warmup.py); `ready` is set once the first batch of them is.
         # Traces run before ready or while idle, once the empty batch gave its arrays back (_loop):

@@ -13,7 +13,9 @@ import pytest
 from locals.engine.forward import host_attention
 from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
 from locals.engine.forward.forward import forward as forward_pass
+from locals.engine.engine import Engine
 from locals.engine.forward.kv import DecodeBatch, RowKV
+from locals.engine.settings import EngineConfig
 from locals.engine.cache.prefix_cache import MemoryPrefixCache, NoPrefixCache
 from locals.engine.rows.sampling import RowSampling, apply_masks, sample
 from locals.engine.scheduler import Scheduler
@@ -408,3 +410,24 @@ def test_decode_batch_keeps_every_row_through_growing_and_shrinking():
         row.release()
     assert (batch.rows_cap, batch.t_cap) == (4, 384)
     assert [r.slot for r in rows[4:]] == [1, 0] and all(same(r, s) for r, s in zip(rows[4:], kept[4:]))
+
+
+def test_where_nothing_compiles_a_batch_holds_as_many_slots_as_rows(tiny_llama):
+    """The CPU's batch: one row in one slot (a batch of four cost a row's second token ~95 ms
+    to allocate there), doubling as rows join and halving once a quarter is used, no K/V lost."""
+    mx.random.seed(3)
+    batch, rows, kept = DecodeBatch(2, least_slots=1), [], []
+    for i in range(3):
+        row = RowKV(2, batch)
+        for cache in row.layers:
+            cache.update_and_fetch(mx.random.normal((1, 2, 7 + i, 8)), mx.random.normal((1, 2, 7 + i, 8)))
+        kept.append(row.snapshot())
+        batch.join(row)
+        rows.append(row)
+        assert batch.rows_cap == (1, 2, 4)[i]
+    rows[0].release()
+    rows[1].release()
+    assert batch.rows_cap == 2 and rows[2].slot == 0
+    assert all(mx.array_equal(a, b) for pair, again in zip(kept[2], rows[2].snapshot()) for a, b in zip(pair, again))
+    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0))
+    assert engine.decode_batch.least_slots == (4 if engine.config.forward.compile_max_tokens else 1)

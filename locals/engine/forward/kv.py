@@ -103,9 +103,10 @@ class DecodeBatch:
     always fill slots 0..M-1.
     """
 
-    def __init__(self, n_layers: int):
+    def __init__(self, n_layers: int, least_slots: int = 4):
         self.kv: list[mx.array] = []
         self.n_layers = n_layers
+        self.least_slots = least_slots  # row_capacity's floor: a shape of the compiled step
         self.members: list[RowKV] = []
         self.rows_cap = 0
         self.t_cap = 0
@@ -159,12 +160,12 @@ class DecodeBatch:
         if not self.kv:
             if k_dim != v_dim:  # llama/qwen-family layers (the only ones batched) have k_dim == v_dim
                 raise ValueError(f"keys of width {k_dim} and values of width {v_dim} cannot share one array")
-            self.rows_cap, self.t_cap = row_capacity(rows), token_capacity(t)
+            self.rows_cap, self.t_cap = row_capacity(rows, self.least_slots), token_capacity(t)
             self.kv = [mx.zeros((2 * self.rows_cap, kv_heads, self.t_cap, k_dim), dtype)
                        for _ in range(self.n_layers)]
             return
         if rows > self.rows_cap:
-            self._resize(row_capacity(rows), self.t_cap)
+            self._resize(row_capacity(rows, self.least_slots), self.t_cap)
         if t > self.t_cap:
             self._resize(self.rows_cap, token_capacity(t))
 
@@ -184,7 +185,7 @@ class DecodeBatch:
             self.kv, self.rows_cap, self.t_cap = [], 0, 0
             return
         rows = self.rows_cap
-        while rows > 4 and len(self.members) <= rows // 4:  # so one row alone always sits in 4 slots
+        while rows > self.least_slots and len(self.members) <= rows // 4:  # one row alone: the least slots
             rows //= 2
         t = token_capacity(max(m.length for m in self.members) + 1)
         t = t if t <= self.t_cap // 2 else self.t_cap
@@ -220,9 +221,10 @@ def token_capacity(t: int) -> int:
     return cap
 
 
-def row_capacity(rows: int) -> int:
-    """Slots for `rows` rows: a power of two, at least 4 (a shape of the compiled decode step)."""
-    return max(4, 1 << (max(rows, 1) - 1).bit_length())
+def row_capacity(rows: int, least: int = 4) -> int:
+    """Slots for `rows` rows: a power of two, at least `least` (4 where steps compile: each slot
+    count is a shape of the compiled decode step)."""
+    return max(least, 1 << (max(rows, 1) - 1).bit_length())
 
 
 def kv_bytes_per_token(model) -> int:
