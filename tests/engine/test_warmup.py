@@ -160,10 +160,13 @@ def test_idle_traces_wait_for_the_engine_to_stay_quiet_as_long_as_the_last_took(
         before = engine.stats().extra["compiled_shapes"]
         assert run_alone(engine, make_prompts(tiny_llama.tokenizer, [20])[0], max_tokens=4)[0]
         assert engine.stats().extra["compiled_shapes"] == before  # nothing traced within 3 s of ready
+        assert not engine.warmer.done and not engine.warmer.due(2.9) and engine.warmer.due(3.0)
         assert wait_for(lambda: engine.stats().extra["compiled_shapes"] > before, timeout=60)
-        warmer = engine.warmer
-        assert not warmer.due(2.9) and warmer.due(3.0)
-        warmer.last_trace_s = 5.0  # a trace of seconds: the engine waits as long before the next
-        assert not warmer.due(4.9) and warmer.due(5.0)
     finally:
         engine.stop()
+
+
+def test_after_a_trace_of_seconds_the_next_waits_as_long():
+    slow = SimpleNamespace(done=False, last_trace_s=5.0)
+    assert not warmup.ShapeWarmer.due(slow, 4.9) and warmup.ShapeWarmer.due(slow, 5.0)
+    assert not warmup.ShapeWarmer.due(SimpleNamespace(done=True, last_trace_s=0.0), 60.0)  # nothing left
