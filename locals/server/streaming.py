@@ -15,6 +15,17 @@ from aiohttp import web
 from locals.server.state import STREAM_OPEN
 
 
+# Characters JSON leaves raw that str.splitlines() breaks a line at (NEL, the Unicode line and
+# paragraph separators): escaped, so a client that splits a stream that way still reads whole
+# events. A fuzzed reply's token held one and a test client's split cut its event in two.
+_LINE_BREAKERS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def event_json(data: Any) -> str:
+    """`data` as one line of JSON: non-ASCII kept as is, but for the characters that split lines."""
+    return json.dumps(data, ensure_ascii=False).translate(_LINE_BREAKERS)
+
+
 class EventStream:
     """One streamed response; `send` writes one event (SSE) or one line (NDJSON)."""
 
@@ -33,7 +44,7 @@ class EventStream:
         return self
 
     async def send(self, data: Any, event: str | None = None) -> None:
-        payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+        payload = data if isinstance(data, str) else event_json(data)
         if self.ndjson:
             chunk = payload + "\n"
         else:
