@@ -388,46 +388,48 @@ def test_engine_settings_from_the_environment(monkeypatch):
     assert default.prefix_cache_bytes >= 256 * 2**20
 
 
-def test_decode_batch_keeps_every_row_through_growing_and_shrinking():
-    mx.random.seed(9)
-    batch, rows, kept = DecodeBatch(2), [], []
-    for i in range(6):  # the sixth row doubles the slots (4 -> 8)
+def _join_rows(batch: DecodeBatch, lengths: list[int]) -> tuple[list[RowKV], list, list[int]]:
+    """Rows of 2 layers with random K/V of these lengths joined to `batch` in turn, and their
+    snapshots from before they joined; `batch.rows_cap` after each join, in the last item."""
+    rows, kept, caps = [], [], []
+    for n in lengths:
         row = RowKV(2, batch)
         for cache in row.layers:
-            cache.update_and_fetch(mx.random.normal((1, 2, 5 + i, 8)), mx.random.normal((1, 2, 5 + i, 8)))
+            cache.update_and_fetch(mx.random.normal((1, 2, n, 8)), mx.random.normal((1, 2, n, 8)))
         kept.append(row.snapshot())
         batch.join(row)
         rows.append(row)
+        caps.append(batch.rows_cap)
+    return rows, kept, caps
+
+
+def _same_kv(row, snap) -> bool:
+    return all(mx.array_equal(a, b) for pair, again in zip(snap, row.snapshot()) for a, b in zip(pair, again))
+
+
+def test_decode_batch_keeps_every_row_through_growing_and_shrinking():
+    mx.random.seed(9)
+    batch = DecodeBatch(2)
+    rows, kept, _ = _join_rows(batch, [5 + i for i in range(6)])  # the sixth row doubles the slots (4 -> 8)
     assert batch.rows_cap == 8 and batch.kv[0].shape == (16, 2, 256, 8)
-
-    def same(row, snap):
-        return all(mx.array_equal(a, b) for pair, again in zip(snap, row.snapshot()) for a, b in zip(pair, again))
-
-    assert all(same(r, s) for r, s in zip(rows, kept))
+    assert all(_same_kv(r, s) for r, s in zip(rows, kept))
     batch.reserve(6, 300)  # positions grow to the next capacity (kv.token_capacity)
-    assert batch.t_cap == 384 and all(same(r, s) for r, s in zip(rows, kept))
+    assert batch.t_cap == 384 and all(_same_kv(r, s) for r, s in zip(rows, kept))
     for row in rows[:4]:  # two members left of eight slots: the rows shrink (positions only below half)
         row.release()
     assert (batch.rows_cap, batch.t_cap) == (4, 384)
-    assert [r.slot for r in rows[4:]] == [1, 0] and all(same(r, s) for r, s in zip(rows[4:], kept[4:]))
+    assert [r.slot for r in rows[4:]] == [1, 0] and all(_same_kv(r, s) for r, s in zip(rows[4:], kept[4:]))
 
 
 def test_where_nothing_compiles_a_batch_holds_as_many_slots_as_rows(tiny_llama):
     """The CPU's batch: one row in one slot (a batch of four cost a row's second token ~95 ms
     to allocate there), doubling as rows join and halving once a quarter is used, no K/V lost."""
     mx.random.seed(3)
-    batch, rows, kept = DecodeBatch(2, least_slots=1), [], []
-    for i in range(3):
-        row = RowKV(2, batch)
-        for cache in row.layers:
-            cache.update_and_fetch(mx.random.normal((1, 2, 7 + i, 8)), mx.random.normal((1, 2, 7 + i, 8)))
-        kept.append(row.snapshot())
-        batch.join(row)
-        rows.append(row)
-        assert batch.rows_cap == (1, 2, 4)[i]
+    batch = DecodeBatch(2, least_slots=1)
+    rows, kept, caps = _join_rows(batch, [7, 8, 9])
+    assert caps == [1, 2, 4]
     rows[0].release()
     rows[1].release()
-    assert batch.rows_cap == 2 and rows[2].slot == 0
-    assert all(mx.array_equal(a, b) for pair, again in zip(kept[2], rows[2].snapshot()) for a, b in zip(pair, again))
+    assert batch.rows_cap == 2 and rows[2].slot == 0 and _same_kv(rows[2], kept[2])
     engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0))
     assert engine.decode_batch.least_slots == (4 if engine.config.forward.compile_max_tokens else 1)
