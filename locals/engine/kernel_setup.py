@@ -12,8 +12,8 @@ log = logging.getLogger(__name__)
 
 
 def patch_kernels(loaded) -> tuple[int, int]:
-    """On GPUs, route small-batch quantized matmuls to the tuned kernels (if `locals tune` ran or
-    a table ships for this chip), and on CUDA passes of many rows to dense matmuls: (layers tuned,
+    """On GPUs, route small-batch quantized matmuls to the tuned kernels (if `locals tune` ran on
+    this chip), and on CUDA passes of many rows to dense matmuls: (layers tuned,
     layer shape x row count pairs still untuned). Tuning never runs inside the server: it held
     requests for seconds at a time (docs/tune.md)."""
     backend = getattr(loaded, "backend", None)
