@@ -31,12 +31,21 @@ GENERATED = 300  # files the winning patch adds, so that its apply takes a while
 
 def project_state(project: Path) -> dict:
     """Everything a user could see of the project: files (content and mode), git's view of them."""
-    files = {str(p.relative_to(project)): (p.read_bytes(), p.stat().st_mode & 0o777)
-             for p in sorted(project.rglob("*")) if ".git" not in p.relative_to(project).parts and p.is_file()}
+    files = {str(p.relative_to(project)): (p.read_bytes(), p.stat().st_mode & 0o777) for p in _work_files(project)}
     g = git.Repo(project).git
     return {"files": files, "status": g.status("--porcelain", "--untracked-files=all"),
             "staged": g.diff("--cached", "--name-status"), "tree": g.rev_parse("HEAD^{tree}"),
             "branches": g.branch("--list", "--all")}
+
+
+def _work_files(project: Path) -> list[Path]:
+    """The project's files outside .git, which is never walked: a killed run's orphaned git
+    child may still be pruning .git/worktrees while the state is read."""
+    found = []
+    for folder, dirs, names in os.walk(project):
+        dirs[:] = sorted(d for d in dirs if d != ".git")
+        found += [Path(folder, n) for n in names if Path(folder, n).is_file()]
+    return sorted(found)
 
 
 def start_run(project: Path, url: str, *extra: str) -> subprocess.Popen:
