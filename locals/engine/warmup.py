@@ -19,6 +19,7 @@ from itertools import zip_longest
 
 import mlx.core as mx
 
+from locals.engine.forward.compiled import seam_lengths
 from locals.engine.forward.forward import RowInput, forward
 from locals.engine.forward.kv import DecodeBatch, RowKV, row_capacity, token_capacity
 from locals.engine.load.backend import release_memory
@@ -71,7 +72,7 @@ class ShapeWarmer:
         self.model, self.runner = model, runner
         runner.compiled.on_demand = False
         shapes = step_shapes(max_batch, max_positions, kv_positions)
-        lengths = [1 << i for i in range(runner.choices.compile_max_tokens.bit_length())]  # forward._pad_short_pass
+        lengths = seam_lengths(runner.choices.compile_max_tokens)  # forward._padded
         first_of = {}  # the smallest batches of 4 and 8 slots (as many rows), by their first shape
         for rows, slots, t_cap in shapes:
             if rows == slots < chunk and len(first_of) < 2:

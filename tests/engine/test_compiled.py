@@ -156,3 +156,36 @@ def test_one_graph_per_batch_shape_the_most_recent_kept(monkeypatch):
     registry.modules_swapped()
     assert step(("mask", True), (3, 4, 256)) is not first
     assert len(blocks._steps) == 1
+
+
+def test_seam_passes_pad_to_powers_of_two_then_to_steps_of_64():
+    assert [compiled_mod.padded_length(n) for n in (1, 3, 5, 33, 64, 65, 200, 256, 257)] == \
+        [1, 4, 8, 64, 64, 128, 256, 256, 320]
+    assert compiled_mod.seam_lengths(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert compiled_mod.seam_lengths(320) == [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 320]
+
+
+@pytest.mark.parametrize("chunk", [70, 190], ids=["pads-to-128", "pads-to-256"])
+def test_a_prompt_chunk_beside_decoding_rows_through_seams_matches_eager(monkeypatch, chunk):
+    # Past 64 tokens a pass pads to a multiple of 64; the chunk's own caches and the batch's rows
+    # read what the eager pass reads, and the throwaway row changes nothing of theirs.
+    model = tiny_qwen3(True, head_dim=32)
+    traced = []
+    seams = CompiledBlocks.seams
+    monkeypatch.setattr(CompiledBlocks, "seams", lambda self, layers, choices, n: traced.append(n) or
+                        seams(self, layers, choices, n))
+
+    def mixed(compiled):
+        kv, prompt = _batch(model), RowKV(len(model.model.layers))
+        forward(model, [RowInput(mx.arange(1, 11, dtype=mx.int32), 10, prompt, False)])
+        rows = [RowInput(mx.array([30 + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
+        rows.append(RowInput((mx.arange(chunk, dtype=mx.int32) * 7) % 250 + 1, chunk, prompt, True))
+        logits = forward(model, rows, compiled, ForwardChoices(compile_max_tokens=320))
+        after = forward(model, [RowInput(mx.array([5], dtype=mx.int32), 1, prompt, True)])
+        return np.array(logits.astype(mx.float32)), np.array(after.astype(mx.float32)), prompt.offset
+
+    eager, compiled = mixed(None), mixed(CompiledBlocks())
+    assert traced == [compiled_mod.padded_length(3 + chunk)]
+    assert compiled[2] == eager[2] == 10 + chunk + 1
+    for a, b in zip(compiled[:2], eager[:2]):
+        np.testing.assert_allclose(a, b, atol=2e-3, rtol=2e-3)

@@ -23,6 +23,22 @@ from locals.engine.kernels.decode_attention import reference as attention_refere
 from locals.engine.kernels.registry import swap_count
 
 STEP_GRAPHS = 160  # whole-step graphs kept (every shape warmup.py compiles), least recently used dropped
+# Passes through the seams are padded to a power of two tokens up to this many, then to a multiple
+# of it: a compile limit past it (a prompt chunk beside decoding rows) meets a few lengths, none
+# padded by more than this.
+PAD_STEP = 64
+
+
+def padded_length(tokens: int) -> int:
+    """The length a short pass of `tokens` tokens runs at through the seams (see `PAD_STEP`)."""
+    if tokens <= PAD_STEP:
+        return 1 << (tokens - 1).bit_length()
+    return -(-tokens // PAD_STEP) * PAD_STEP
+
+
+def seam_lengths(max_tokens: int) -> list[int]:
+    """The padded lengths of passes of 1 to `max_tokens` tokens, shortest first."""
+    return sorted({padded_length(n) for n in range(1, max_tokens + 1)})
 
 
 class CompiledBlocks:

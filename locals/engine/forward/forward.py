@@ -17,7 +17,7 @@ import numpy as np
 from locals.engine.forward.batch_plan import BatchPlan
 from locals.engine.forward.choices import ForwardChoices
 from locals.engine.forward.chunk_attention import chunk_attention
-from locals.engine.forward.compiled import CompiledBlocks, step_attention
+from locals.engine.forward.compiled import CompiledBlocks, padded_length, step_attention
 from locals.engine.forward.kv import RowKV
 from locals.engine.forward.layer_pass import DEFAULT, finish, lm_head, project
 from locals.engine.kernels.decode_attention import active_for as attention_kernel
@@ -67,7 +67,9 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None, choice
         logits = _whole_step(model, rows, plan, compiled, choices)
         if logits is not None:
             return logits
-    rows = _pad_short_pass(rows, len(model.model.layers), compiled, choices)
+    # Short passes run as compiled seams, padded so that the seams meet few lengths.
+    short = compiled is not None and 0 < sum(r.n for r in rows) <= choices.compile_max_tokens
+    rows = _padded(rows, len(model.model.layers)) if short else rows
     batched = {id(r) for r in plan.rows}
     # The batch's rows go first so their tokens are one slice of the flat sequence.
     order = plan.rows + [r for r in rows if id(r) not in batched]
@@ -83,7 +85,6 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None, choice
                                          for r in order]))
     others = order[len(plan.rows):]  # prompt chunks on their own caches
     layers = inner.layers
-    short = compiled is not None and start <= choices.compile_max_tokens
     seams = compiled.seams(layers, choices, start) if short else None
     if seams is None:
         x = None
@@ -109,15 +110,11 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None, choice
     return lm_head(model, h)
 
 
-def _pad_short_pass(rows: list[RowInput], n_layers: int, compiled: CompiledBlocks | None,
-                    choices: ForwardChoices) -> list[RowInput]:
-    """A pass short enough for the compiled seams, filled to a power of two tokens by a throwaway
-    row on caches of its own (never sampled), so the seams meet few lengths (docs/arch/engine.md,
-    "Shapes")."""
+def _padded(rows: list[RowInput], n_layers: int) -> list[RowInput]:
+    """The pass filled to its `padded_length` by a throwaway row on caches of its own (never
+    sampled), so the compiled seams meet few lengths (docs/arch/engine.md, "Shapes")."""
     total = sum(r.n for r in rows)
-    if compiled is None or not 0 < total <= choices.compile_max_tokens:
-        return rows
-    pad = (1 << (total - 1).bit_length()) - total
+    pad = padded_length(total) - total
     return rows + [RowInput(mx.zeros((pad,), mx.int32), pad, RowKV(n_layers), False)] if pad else rows
 
 
