@@ -4,6 +4,7 @@ a stale pid record (dead process) does not block a start. Own LOCALS_HOME and po
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -25,6 +26,8 @@ def test_start_status_stop_twice(fresh_locals):
         assert ("shapes ahead in" in status.stdout) == (detect().kind != "cpu")
         logs = fresh_locals.cli("status", "--logs")
         assert "listening on" in logs.stdout
+        assert re.search(r"ready [\d.]+ s after the process started: model loaded in [\d.]+ s, kernels and "
+                         r"engine set up in [\d.]+ s, compiling ahead [\d.]+ s", logs.stdout), logs.stdout[-2000:]
         stopped = fresh_locals.cli("stop")
         assert stopped.returncode == 0 and "stopped" in stopped.stdout
         status = fresh_locals.cli("status")

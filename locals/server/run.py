@@ -11,7 +11,9 @@ import asyncio
 import logging
 import signal
 import threading
+import time
 
+import psutil
 from aiohttp import web
 from aiohttp.web_log import AccessLogger
 
@@ -104,18 +106,25 @@ async def _load(state: ServerState, model: str | None):
     """Load the model and start the engine; returns (engine, None) or (None, error message)."""
     from locals.engine import create_engine, load_model
 
+    began = time.perf_counter()
     try:
         loaded = await _in_daemon_thread(load_model, model)
     except LocalsError as exc:
         state.load_error = str(exc)
         log.error("cannot load %s: %s", state.model, exc)
         return None, str(exc)
+    loaded_at = time.perf_counter()
     engine = await _in_daemon_thread(create_engine, loaded)
+    built_at = time.perf_counter()
     engine.start()
     await _in_daemon_thread(engine.ready.wait)  # the likeliest decode-step shapes compiled first
     state.model = loaded.name
     state.backend = Backend(loaded, engine, max_tokens=state.max_tokens, overflow_policy=state.overflow)
-    log.info("serving %s (%s) loaded in %.1f s", loaded.name, loaded.model_id, loaded.load_seconds)
+    # Where a start's time went, so a slow one says what to look at (docs/how-it-works.md, "The server").
+    log.info("serving %s (%s): ready %.1f s after the process started: model loaded in %.1f s, kernels "
+             "and engine set up in %.1f s, compiling ahead %.1f s", loaded.name, loaded.model_id,
+             time.time() - psutil.Process().create_time(), loaded_at - began, built_at - loaded_at,
+             time.perf_counter() - built_at)
     return engine, None
 
 
