@@ -154,3 +154,26 @@ def test_tiny_llama_runs(tiny_llama):
 
     logits = tiny_llama.model(mx.array([[1, 2, 3]]))
     assert logits.shape == (1, 3, tiny_llama.vocab_size)
+
+
+def test_embedded_weights_on_the_cpu_are_the_files_values_dequantized_in_float32(smollm2):
+    # What llama.cpp computes from a Q4_1/Q8_0 block: d * q + m in float32, q read low bits first.
+    import mlx.core as mx
+    import numpy as np
+
+    from locals.engine.load import gguf
+
+    if not smollm2.backend.dense_weights:
+        pytest.skip("the weights stay quantized on this backend")
+    tensors, _ = gguf.read_gguf(models.embedded_gguf_path())
+    layer = smollm2.model.model.layers[3]
+    for name, module in (("blk.3.attn_q", layer.self_attn.q_proj), ("blk.3.ffn_down", layer.mlp.down_proj),
+                         ("token_embd", smollm2.model.model.embed_tokens)):
+        packed = np.asarray(tensors[f"{name}.weight"]).view(np.uint8)
+        scales, biases = (np.asarray(tensors[f"{name}.{part}"].astype(mx.float32)) for part in ("scales", "biases"))
+        bits = gguf._bits(tensors[f"{name}.weight"], tensors[f"{name}.scales"])
+        q = np.stack([packed & 0xF, packed >> 4], axis=-1) if bits == 4 else packed
+        groups = q.reshape(*scales.shape, gguf.GROUP_SIZE).astype(np.float32)
+        want = (groups * scales[..., None] + biases[..., None]).reshape(packed.shape[0], -1)
+        assert module.weight.dtype == mx.float32
+        np.testing.assert_array_equal(np.asarray(module.weight), want)

@@ -114,11 +114,14 @@ def build_model(tensors: dict, args: llama.ModelArgs, dense: bool) -> tuple[llam
     quantized = {k[: -len(".scales")]: _bits(renamed[k[: -len(".scales")] + ".weight"], v)
                  for k, v in renamed.items() if k.endswith(".scales")}
     if dense:
+        # Scales and biases in float32 (as llama.cpp computes d * q + m): MLX's CPU dequantize in
+        # their float16 took 1.9 s for SmolLM2-135M against 0.6 (docs/benchmarks-log.md, "CPU: a
+        # start's dequantize in float32").
         for path, bits in quantized.items():
             renamed[path + ".weight"] = mx.dequantize(
-                renamed.pop(path + ".weight"), renamed.pop(path + ".scales"),
-                renamed.pop(path + ".biases"), group_size=GROUP_SIZE, bits=bits,
-            ).astype(mx.float32)
+                renamed.pop(path + ".weight"), renamed.pop(path + ".scales").astype(mx.float32),
+                renamed.pop(path + ".biases").astype(mx.float32), group_size=GROUP_SIZE, bits=bits,
+            )
         renamed = {k: v.astype(mx.float32) for k, v in renamed.items()}
         quantized = {}
     model = llama.Model(args)
