@@ -75,14 +75,14 @@ class TokenVocab:
         self.eos_ids = frozenset(i for i in eos if i < width_tokens)
         self.eos_id = hf.eos_token_id if hf.eos_token_id in self.eos_ids else min(self.eos_ids)
         kind = _decoder_kind(hf)
-        special = {i for i, tok in hf.added_tokens_decoder.items()
-                   if tok.special and tok.content not in FORMAT_MARKERS}
+        added_tokens = hf.added_tokens_decoder  # built anew on each read: once, not once a token
+        special = {i for i, tok in added_tokens.items() if tok.special and tok.content not in FORMAT_MARKERS}
         special |= set(getattr(hf, "all_special_ids", []))
         self.token_bytes: list[bytes | None] = [None] * width_tokens
         for piece, i in hf.get_vocab().items():
             if i >= width_tokens or i in special or i in self.eos_ids:
                 continue
-            added = hf.added_tokens_decoder.get(i)
+            added = added_tokens.get(i)
             self.token_bytes[i] = added.content.encode() if added else _piece_bytes(piece, kind)
         self.ids_of: dict[bytes, int] = {}
         for i, b in enumerate(self.token_bytes):
