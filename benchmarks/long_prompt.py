@@ -111,8 +111,8 @@ def main() -> None:
     ap.add_argument("--stream-len", type=int, default=32, help="prompt tokens of each decoding stream (served "
                     "agents decode at thousands)")
     ap.add_argument("--compile-max-tokens", type=int, default=None,
-                    help="locals' passes up to this many tokens run compiled (default: ForwardChoices'); 256 makes "
-                         "a step reading a prompt beside the streams one compiled shape")
+                    help="locals' passes up to this many tokens run compiled (default: ForwardChoices'); 320 compiles "
+                         "the steps that read the prompt's chunks beside the streams too (padded to a multiple of 64)")
     args = ap.parse_args()
 
     from locals.engine.engine import Engine
