@@ -36,7 +36,7 @@
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
 #   chunkcompile  long_prompt at agents' lengths (a 2,048-token prompt while 4 streams decode at 6,000
 #               tokens) with passes of up to 64 tokens compiled (the default), then up to 320 (the
-#               prompt's chunks read beside the streams compiled too), 3 rounds each
+#               prompt's chunks read beside the streams compiled too), 3 rounds each (ROUNDS, STREAM_LEN)
 #   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
 #   tests       tests/kernels/test_kernels_cuda.py in two halves (each kernel configuration against its
 #               reference, then the rest), each under $TESTS_TIMEOUT (280) s, a JUnit report each
