@@ -68,8 +68,9 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None, choice
         if logits is not None:
             return logits
     # Short passes run as compiled seams, padded so that the seams meet few lengths.
-    short = compiled is not None and 0 < sum(r.n for r in rows) <= choices.compile_max_tokens
-    rows = _padded(rows, len(model.model.layers)) if short else rows
+    total = sum(r.n for r in rows)
+    short = compiled is not None and 0 < total <= choices.compile_max_tokens
+    rows = _padded(rows, total, len(model.model.layers)) if short else rows
     batched = {id(r) for r in plan.rows}
     # The batch's rows go first so their tokens are one slice of the flat sequence.
     order = plan.rows + [r for r in rows if id(r) not in batched]
@@ -110,10 +111,9 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None, choice
     return lm_head(model, h)
 
 
-def _padded(rows: list[RowInput], n_layers: int) -> list[RowInput]:
-    """The pass filled to its `padded_length` by a throwaway row on caches of its own (never
-    sampled), so the compiled seams meet few lengths (docs/arch/engine.md, "Shapes")."""
-    total = sum(r.n for r in rows)
+def _padded(rows: list[RowInput], total: int, n_layers: int) -> list[RowInput]:
+    """The pass (`total` tokens) filled to its `padded_length` by a throwaway row on caches of its
+    own (never sampled), so the compiled seams meet few lengths (docs/arch/engine.md, "Shapes")."""
     pad = padded_length(total) - total
     return rows + [RowInput(mx.zeros((pad,), mx.int32), pad, RowKV(n_layers), False)] if pad else rows
 
