@@ -1,5 +1,5 @@
-"""What every kernel of ours shares: MLX's JIT kernel (mx.fast.cuda_kernel / metal_kernel) built
-once per process under a name that carries its source's hash, a verdict on it remembered per
+"""What every kernel of ours shares: its JIT kernel (CUDA: ours, cubin.py; Metal: mx.fast.metal_kernel)
+built once per process under a name that carries its source's hash, a verdict on it remembered per
 process, and attaching verified kernels to a model's modules only while they pass.
 
 A kernel's module keeps its source, its launch and its check; this module keeps the rest.
@@ -14,11 +14,34 @@ from collections.abc import Callable, Hashable, Iterable
 import mlx.core as mx
 import mlx.nn as nn
 
+from locals.engine.kernels import cubin
+
 log = logging.getLogger(__name__)
 
 # Device functions every CUDA kernel of ours may call: `jit_kernel` puts them before the kernel.
 # (Metal has them built in: simd_sum.)
 CUDA_HELPERS = r"""
+// N values of T as one aligned vector, and their load (one vector load where `ptr` is aligned to
+// it, else N scalar loads): MLX's AlignedVector and load_vector, which a kernel built with NVRTC
+// alone (cubin.py) does not have.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) locals_vec {
+  T val[N];
+  __device__ T& operator[](int i) { return val[i]; }
+  __device__ T operator[](int i) const { return val[i]; }
+};
+template <int N, typename T>
+__device__ __forceinline__ locals_vec<T, N> locals_load_vector(const T* ptr, unsigned int offset) {
+  if (reinterpret_cast<size_t>(ptr) % (N * sizeof(T)) == 0) {
+    return reinterpret_cast<const locals_vec<T, N>*>(ptr)[offset];
+  }
+  locals_vec<T, N> v;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    v[i] = ptr[offset * N + i];
+  }
+  return v;
+}
 // v summed over the warp's 32 lanes, in every lane.
 __device__ __forceinline__ float locals_warp_sum(float v) {
 #pragma unroll
@@ -68,12 +91,20 @@ def jit_kernel(backend: str, name: str, source: str | Callable[[], str], inputs:
     if key not in _BUILT:
         text = source() if callable(source) else source
         if backend == "cuda":
-            _BUILT[key] = mx.fast.cuda_kernel(name=f"{name}_{HELPERS_TAG}", source=text, header=CUDA_HELPERS + header,
-                                              input_names=inputs, output_names=outputs)
+            _BUILT[key] = cuda_kernel(f"{name}_{HELPERS_TAG}", text, CUDA_HELPERS + header, inputs, outputs)
         else:
             _BUILT[key] = mx.fast.metal_kernel(name=name, source=text, header=header, input_names=inputs,
                                                output_names=outputs)
     return _BUILT[key]
+
+
+def cuda_kernel(name: str, source: str, header: str, inputs: list[str], outputs: list[str]):
+    """Our CUDA kernel `name`, compiled by us and kept on disk (cubin.py); MLX's own JIT kernel
+    where NVRTC or the CUDA headers cannot be found (MLX then finds them its own way)."""
+    store = cubin.shared_store()
+    if store is None:
+        return mx.fast.cuda_kernel(name=name, source=source, header=header, input_names=inputs, output_names=outputs)
+    return cubin.CudaKernel(store, cubin.device_arch(), name, source, header, inputs, outputs)
 
 
 def remembered(verdicts: dict, key: Hashable, check: Callable[[], str]) -> str:

@@ -34,7 +34,7 @@ SUPPORTED_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 
 def cuda_word_step(x_row: str) -> str:
     """What a CUDA lane does with one packed word `wi` of its R columns: unpack it once and apply
-    it to all MB rows; `x_row` reads row m's VPW values of x at that word (an AlignedVector)."""
+    it to all MB rows; `x_row` reads row m's VPW values of x at that word (a locals_vec)."""
     return r"""    float q[R][VPW];
     float s[R];
     float b[R];
@@ -76,9 +76,9 @@ def cuda_word_step(x_row: str) -> str:
 """
 
 
-# The plain and split-K variants read x from global memory: one vector load per row (MLX's
+# The plain and split-K variants read x from global memory: one vector load per row (the
 # helper falls back to scalar loads if unaligned).
-CUDA_WORD_STEP = cuda_word_step("load_vector<VPW>(x + size_t(m) * K, wi)")
+CUDA_WORD_STEP = cuda_word_step("locals_load_vector<VPW>(x + size_t(m) * K, wi)")
 
 # What every CUDA variant begins with: the packing constants, the problem's sizes, the lane.
 CUDA_SIZES = r"""
@@ -152,8 +152,8 @@ CUDA_STAGED_SOURCE = CUDA_SIZES + r"""  constexpr int E = 16 / int(sizeof(T));  
     for (int i = threadIdx.x; i < M * units; i += blockDim.x) {
       const int m = i / units;
       const int u = i - m * units;
-      reinterpret_cast<AlignedVector<T, E>*>(xs + m * CHV)[u] =
-          load_vector<E>(x + size_t(m) * K + size_t(c0) * VPW, u);
+      reinterpret_cast<locals_vec<T, E>*>(xs + m * CHV)[u] =
+          locals_load_vector<E>(x + size_t(m) * K + size_t(c0) * VPW, u);
     }
     __syncthreads();
     if (!active) {
@@ -161,7 +161,7 @@ CUDA_STAGED_SOURCE = CUDA_SIZES + r"""  constexpr int E = 16 / int(sizeof(T));  
     }
     for (int wl = lane; wl < cw; wl += 32) {
       const int wi = c0 + wl;
-""" + cuda_word_step("reinterpret_cast<const AlignedVector<T, VPW>*>(xs + m * CHV)[wl]") + r"""    }
+""" + cuda_word_step("reinterpret_cast<const locals_vec<T, VPW>*>(xs + m * CHV)[wl]") + r"""    }
   }
   if (!active) {
     return;

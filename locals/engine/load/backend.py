@@ -87,13 +87,21 @@ def keep_compiled_kernels() -> None:
     """
     if settings.foreign("MLX_PTX_CACHE_DIR"):
         return
+    if (folder := compiled_kernel_folder()) is not None:
+        os.environ["MLX_PTX_CACHE_DIR"] = str(folder)  # MLX reads it from this process's environment
+
+
+def compiled_kernel_folder() -> Path | None:
+    """Where compiled CUDA kernels are kept: MLX_PTX_CACHE_DIR, else locals' cache per MLX version
+    (None without a cache folder)."""
+    if chosen := settings.foreign("MLX_PTX_CACHE_DIR"):
+        return Path(chosen)
     from locals.config import cache_dir
 
     try:
-        # MLX reads it from this process's environment.
-        os.environ["MLX_PTX_CACHE_DIR"] = str(cache_dir() / "cuda-kernels" / mlx_version())
+        return cache_dir() / "cuda-kernels" / mlx_version()
     except OSError:  # no writable cache folder: MLX's default is as good as nothing
-        pass
+        return None
 
 
 def needs_fast_blas_reexec() -> bool:

@@ -22,10 +22,10 @@ import mlx.core as mx
 
 from locals.atomic_file import write_atomically
 from locals.config import cache_dir
-from locals.engine.kernels import qmm
+from locals.engine.kernels import cubin, qmm
 from locals.engine.kernels.tuning import clock
 from locals.engine.kernels.reference import (DequantizedCandidate, PaddedCandidate, cold_problems, quantized_matmul,
-                                             random_rows, rotating)
+                                             random_problem, random_rows, rotating)
 from locals.engine.kernels.tuning.verify import DEFAULT_ROWS, DEFAULT_SHAPES, Case, check, default_cases, passes, verify
 
 MLX_OP = "mlx"  # the choice that means "keep MLX's own quantized_matmul"
@@ -182,6 +182,7 @@ def screen(candidates: list, problems: list[Problem], table: TuningTable,
     progress = progress or (lambda _msg: None)
     quants = sorted({(p.bits, p.group_size, p.dtype) for p in problems})
     rows = sorted({m for m in DEFAULT_ROWS if m <= max_rows} | {max_rows})
+    compile_candidates([c for c in candidates if c.name not in table.rejected], quants, rows, progress)
     kept = []
     for cand in candidates:
         if cand.name in table.rejected:
@@ -203,6 +204,25 @@ def screen(candidates: list, problems: list[Problem], table: TuningTable,
         else:
             kept.append(cand)
     return kept
+
+
+def compile_candidates(candidates: list, quants: list[tuple], rows: list[int],
+                       progress: Callable[[str], None]) -> None:
+    """On CUDA, compile every kernel the candidates launch for these quantizations and row counts,
+    and the device clock's, at once (cubin.py): one at a time, as each is first verified, they
+    were most of a cold `locals tune` (docs/tune.md). Timing launches the same compiled kernels."""
+    ours = [c for c in candidates if getattr(c, "backend", None) == "cuda"]
+    if not ours or current_chip()[0] != "cuda":
+        return
+    launches = []
+    for bits, group, dtype in quants:
+        x, w, scales, biases = random_problem(max(rows), 64, 2 * group, bits, group, getattr(mx, dtype))
+        launches += [lambda c=c, m=m: c(x[:m], w, scales, biases, group, bits)
+                     for c in ours for m in rows if c.supports(m, bits, group, x.dtype, x.dtype)]
+        launches += [lambda x=x: clock.stamp(x, x.dtype), lambda x=x: clock.stamp(mx.zeros((2,), mx.uint32), x.dtype)]
+    start = time.perf_counter()
+    outcome = cubin.compile_ahead(launches)
+    progress(f"compiled {len(outcome)} kernels in {time.perf_counter() - start:.1f} s")
 
 
 def _tune_one(problem: Problem, rows: int, candidates: list, rounds: int, repeats: int,
