@@ -96,7 +96,7 @@ ALL: tuple[Setting, ...] = (HOME, KV_BUDGET_MB, PREFIX_CACHE_MB, MAX_BATCH, SPEC
 # Other programs' variables a background server needs as the user's shell has them (a launchd
 # or systemd unit does not inherit the caller's environment).
 FOREIGN_PASSED = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "XDG_CACHE_HOME", "XDG_STATE_HOME",
-                  "XDG_CONFIG_HOME", "PATH", "LD_PRELOAD", "MLX_PTX_CACHE_DIR")
+                  "XDG_CONFIG_HOME", "PATH", "LD_PRELOAD", "MLX_PTX_CACHE_DIR", "CUDA_HOME", "CUDA_PATH")
 
 
 def foreign(name: str, default: str | None = None) -> str | None:

@@ -15,7 +15,7 @@ from locals.engine.kernels.reference import (MAX_COPIES, DequantizedCandidate, P
 from locals.engine.kernels.registry import TunedQuantizedLinear, layer_problem, patch_model, tuned_linear
 from locals.engine.kernels.tuning.tuner import (MLX_OP, Problem, TuningTable, current_chip, kernels_tag, load_table,
                                           measure, model_problems, save_table, table_path, tune, tuning_rows)
-from locals.engine.kernels.tuning.verify import Case, check, default_cases, passes, verify
+from locals.engine.kernels.tuning.verify import TRUTH_COLUMNS, Case, check, default_cases, passes, truth_columns, verify
 
 SMALL_SHAPES = ((33, 128), (7, 192))
 
@@ -140,6 +140,24 @@ def test_verifier_rejects_wrong_candidates(fn, reason):
     verdict = check(_Wrapped("bad", fn), Case(4, 33, 256, 4, 64, mx.float32))
     assert not verdict.ok
     assert reason in verdict.reason
+
+
+def test_a_wide_layer_is_compared_at_its_edges_and_a_sample():
+    cols = np.array(truth_columns(5000))
+    assert truth_columns(TRUTH_COLUMNS) is None  # up to the limit, every column
+    assert len(cols) == TRUTH_COLUMNS == len(set(cols)) and (np.diff(cols) > 0).all()
+    assert set(range(128)) | set(range(5000 - 128, 5000)) <= set(cols)
+    assert not np.array_equal(cols, np.array(truth_columns(5000)))  # a fresh sample each time
+    case = Case(3, 5000, 128, 4, 64, mx.float32)
+    assert check(DequantizedCandidate(), case).ok
+
+    def last_column_wrong(*args):
+        out = quantized_matmul(*args)
+        return mx.concatenate([out[:, :-1], out[:, -1:] + 1.0], axis=1)
+    wrong = check(_Wrapped("edge", last_column_wrong), case)
+    assert not wrong.ok and "error" in wrong.reason
+    half = _Wrapped("half", lambda *a: quantized_matmul(*a)[:, :2500])
+    assert "shape" in check(half, case).reason
 
 
 def test_verifier_rejects_wrong_shape_and_dtype():

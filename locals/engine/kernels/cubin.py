@@ -29,6 +29,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from locals import settings
 from locals.atomic_file import write_atomically
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ def find_nvrtc() -> Nvrtc | None:
     """NVRTC and the CUDA headers as MLX finds them (its wheels' nvidia folders, CUDA_HOME or
     CUDA_PATH, /usr/local/cuda), or None where either is missing."""
     wheels = [site / "nvidia" / name for site in _site_dirs() for name in WHEEL_DIRS]
-    toolkits = [Path(p) for p in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda") if p]
+    toolkits = [Path(p) for p in (settings.foreign("CUDA_HOME"), settings.foreign("CUDA_PATH"), "/usr/local/cuda") if p]
     library = _loaded_nvrtc() or next(
         (str(lib) for d in wheels + toolkits for lib in sorted((d / "lib").glob("libnvrtc.so*"), reverse=True)
          if "builtins" not in lib.name), None) or ctypes.util.find_library("nvrtc")
@@ -230,8 +231,7 @@ def shared_store() -> CubinStore | None:
         if nvrtc is None:
             log.info("NVRTC or the CUDA headers not found: MLX compiles locals' CUDA kernels in each process")
         folder = compiled_kernel_folder()
-        _SHARED.append(CubinStore(nvrtc, folder / "locals") if nvrtc and folder else
-                       CubinStore(nvrtc, None) if nvrtc else None)
+        _SHARED.append(CubinStore(nvrtc, folder / "locals" if folder else None) if nvrtc else None)
     return _SHARED[0]
 
 
@@ -254,7 +254,7 @@ class CudaKernel:
         params += [f"{CUDA_TYPES[d]}* {n}" for n, d in zip(self.output_names, output_dtypes)]
         shapes = ""
         for n, a, shaped in zip(self.input_names, inputs, self.shaped):
-            if shaped:
+            if shaped and a.ndim:  # as MLX: a 0-d input has no shape to pass
                 dims = [f"{n}_shape_{i}" for i in range(a.ndim)]
                 params += [f"const int {d}" for d in dims]
                 shapes += f"  const int {n}_shape[{a.ndim}] = {{{', '.join(dims)}}};\n"
