@@ -10,6 +10,7 @@ import itertools
 import os
 
 import mlx.core as mx
+import numpy as np
 
 
 def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
@@ -21,15 +22,20 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
 
 def dequantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
                        group_size: int, bits: int) -> mx.array:
-    """The same product in float32 from explicitly dequantized weights, on the CPU.
+    """The same product in float32 from explicitly dequantized weights, on the CPU: MLX
+    dequantizes, numpy multiplies.
 
     The CPU because GPU float32 matmuls may run in TF32 (~1e-3 relative error), which
-    would make the yardstick less exact than the kernels it judges.
+    would make the yardstick less exact than the kernels it judges. numpy because its wheels
+    bring OpenBLAS and MLX's Linux wheels a reference BLAS: a 4B model's gate/up at 32 rows took
+    2.5 s against 0.6, the dequantize included, on two x86 cores (docs/tune.md).
     """
     cpu = mx.cpu
     dense = mx.dequantize(w, scales.astype(mx.float32, stream=cpu), biases.astype(mx.float32, stream=cpu),
                           group_size=group_size, bits=bits, stream=cpu)
-    return mx.matmul(x.astype(mx.float32, stream=cpu), dense.T, stream=cpu)
+    rows = x.astype(mx.float32, stream=cpu)
+    mx.eval(dense, rows)
+    return mx.array(np.asarray(rows) @ np.asarray(dense).T)
 
 
 class DequantizedCandidate:
