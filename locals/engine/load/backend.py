@@ -80,8 +80,8 @@ def keep_compiled_kernels() -> None:
     """Keep MLX's compiled CUDA kernels under locals' cache, per MLX version.
 
     MLX's default is a temp dir that a reboot empties, and compiling kernels with CUDA's
-    runtime compiler takes seconds each. MLX writes some of its own JIT kernels there, not
-    custom ones like the tuning candidates (6 files after a 120 s tuning run on an H200).
+    runtime compiler takes seconds each. MLX keeps its own JIT kernels there, never custom
+    ones, so locals keeps its kernels' cubins in the same folder (kernels/cubin.py).
     A user's own MLX_PTX_CACHE_DIR wins. MLX reads it at its first kernel compile: call
     this before.
     """

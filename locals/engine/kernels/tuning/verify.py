@@ -25,9 +25,9 @@ ERROR_LIMIT = {mx.float32: 1e-4, mx.float16: 4e-3, mx.bfloat16: 2e-2}
 # also checks each real layer shape before timing it).
 DEFAULT_SHAPES = ((97, 640), (1000, 1920))
 DEFAULT_ROWS = (1, 2, 3, 5, 8, 13, 16, 21, 32)
-# The truth is computed on the CPU (`dequantized_matmul`) with the BLAS MLX's Linux wheels bundle (a
-# reference one, unless OpenBLAS is preloaded): a whole lm_head (151,936 x 2,560) at 32 rows is
-# 25 GFLOP a candidate. A wider layer is compared at this many columns, its edge tiles among them.
+# The truth is computed on the CPU (`dequantized_matmul`): a whole lm_head (151,936 x 2,560) is 389M
+# weights dequantized (1.6 GB in float32) and 25 GFLOP at 32 rows, a candidate. A wider layer is
+# compared at this many columns, its edge tiles among them (docs/tune.md).
 TRUTH_COLUMNS = 1024
 
 
