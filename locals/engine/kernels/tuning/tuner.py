@@ -220,6 +220,7 @@ def compile_candidates(candidates: list, quants: list[tuple], rows: list[int],
         launches += [lambda c=c, m=m: c(x[:m], w, scales, biases, group, bits)
                      for c in ours for m in rows if c.supports(m, bits, group, x.dtype, x.dtype)]
         launches += [lambda x=x: clock.stamp(x, x.dtype), lambda x=x: clock.stamp(mx.zeros((2,), mx.uint32), x.dtype)]
+    progress("compiling the candidates' kernels")
     start = time.perf_counter()
     outcome = cubin.compile_ahead(launches)
     progress(f"compiled {len(outcome)} kernels in {time.perf_counter() - start:.1f} s")
