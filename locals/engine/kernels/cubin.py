@@ -9,8 +9,8 @@ uses, kept under MLX's kernel folder by the hash of what went into it, and launc
 `mx.fast.precompiled_cuda_kernel`. An input whose `<name>_shape` the source reads gets its shape
 as int arguments after the outputs, gathered into a `<name>_shape` array at the body's start.
 
-`CudaKernel` is called as MLX's kernel objects are; `source()` and `compile_source()` need no GPU,
-so the tests compile every kernel's source on any machine with NVRTC and the CUDA headers.
+`CudaKernel` is called as MLX's kernel objects are; `source()`, `cubin()` and `compile_ahead` need no
+GPU, so the tests compile every kernel's source on any machine with NVRTC and the CUDA headers.
 """
 
 from __future__ import annotations
