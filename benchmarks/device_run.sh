@@ -9,7 +9,8 @@
 #   usertune    `locals tune` on MODEL's layer shapes as a user runs it (its defaults), timed, stopped
 #               after $TUNE_SECONDS (300)
 #   serve       serve_traffic.py: `locals serve` against `mlx_lm.server` over HTTP ($SERVE_ARGS added,
-#               e.g. --quick)
+#               e.g. --quick); NO_TABLE=1 moves this chip's tuning table aside for the run (a tuned
+#               server against an untuned one, each a call of its own)
 #   head        `locals tune` on the tied lm_head (vocab x hidden) alone, the two tensor-core
 #               candidates that win the layers, rows 8,4,2,16,32, stopped after $TUNE_SECONDS (240)
 #   gated       gated_kernel (SwiGLU inside the gate/up kernel against its product + MLX's
@@ -70,7 +71,13 @@ for part in ${parts//,/ }; do
     usertune) start=$(date +%s)
       timeout -s TERM -k 30 "${TUNE_SECONDS:-300}" python3 -m locals tune $(shapes); rc=$?
       echo "locals tune: $(( $(date +%s) - start )) s (exit $rc)" ;;
-    serve) timeout 580 python3 benchmarks/serve_traffic.py ${SERVE_ARGS:-}  # its server logs too:
+    serve) table=$(python3 -c 'from locals.engine.kernels.tuning.tuner import current_chip, table_path
+from locals.engine.load.backend import mlx_version; print(table_path(current_chip()[1], mlx_version()))')
+      if [ -n "${NO_TABLE:-}" ] && [ -f "$table" ]; then mv "$table" "$table.aside"; fi
+      echo "tuning table: $([ -f "$table" ] && echo "$table" || echo none)"
+      timeout 580 python3 benchmarks/serve_traffic.py ${SERVE_ARGS:-}
+      if [ -f "$table.aside" ]; then mv "$table.aside" "$table"; fi
+      # its server logs too:
       if [ -n "${OUT:-}" ]; then find benchmarks/results -name '*-logs' -newer "$stamp" -exec cp -r {} "$OUT"/ \;; fi ;;
     head) lm_head=$(shapes | tr ' ' '\n' | grep x | sort -n | tail -1)  # vocab x hidden: the largest shape
       timeout -s TERM -k 30 "${TUNE_SECONDS:-240}" python3 -m locals tune --shape "$lm_head" --rounds 3 \
