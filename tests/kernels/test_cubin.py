@@ -138,3 +138,14 @@ def test_tuning_compiles_its_candidates_at_once(h200_kernels, monkeypatch):
     expected = 4 * 2 + 2 * 1 + 2
     assert said[0] == "compiling the candidates' kernels" and said[1].startswith(f"compiled {expected} kernels in ")
     assert len(list(h200_kernels.folder.glob("*.cubin"))) == expected
+
+
+def test_a_kernel_nvrtc_cannot_compile_here_goes_to_mlx(tmp_path, caplog):
+    # MLX builds its kernels with its own headers; where ours fail, MLX's JIT kernel runs the
+    # same source (on this CPU-only MLX it says there is no CUDA back-end: it was asked).
+    kernel = cubin.CudaKernel(cubin.CubinStore(NVRTC, tmp_path), "sm_90a", "locals_mlx_only",
+                              "out[0] = mlx_only_helper(x[0]);", "", ["x"], ["out"])
+    with pytest.raises(RuntimeError, match="CUDA back-end"):
+        kernel(inputs=[mx.zeros((1,))], template=[], grid=(1, 1, 1), threadgroup=(1, 1, 1),
+               output_shapes=[(1,)], output_dtypes=[mx.float32])
+    assert "locals_mlx_only: NVRTC did not compile it here" in caplog.text
