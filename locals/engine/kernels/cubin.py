@@ -245,7 +245,7 @@ class CudaKernel:
         self.input_names, self.output_names = input_names, output_names
         self.shaped = [f"{n}_shape" in source for n in input_names]
         self._built: dict[tuple, tuple[str, bytes]] = {}
-        self._fallback = None  # MLX's kernel, once our compile failed
+        self._fallback = None  # MLX's kernel, once one of our compiles failed
 
     def source(self, inputs: Sequence[mx.array], template: Sequence[tuple[str, object]],
                output_dtypes: Sequence[mx.Dtype]) -> tuple[str, str]:
@@ -265,14 +265,12 @@ class CudaKernel:
                 f"{constants}{shapes}\n{self.body}\n}}\n")
         return fn, text
 
-    def _mlx(self, why: Exception):
-        """MLX's own JIT kernel for this source, said once per kernel."""
-        if self._fallback is None:
-            log.warning("%s: NVRTC did not compile it here (%s); MLX compiles it instead, in every process",
-                        self.name, str(why).splitlines()[0])
-            self._fallback = mx.fast.cuda_kernel(name=self.name, source=self.body, header=self.header,
-                                                 input_names=self.input_names, output_names=self.output_names)
-        return self._fallback
+    def _use_mlx(self, why: Exception) -> None:
+        """Launch this kernel with MLX's own JIT kernel for the same source from now on, and say so."""
+        log.warning("%s: NVRTC did not compile it here (%s); MLX compiles it instead, in every process",
+                    self.name, str(why).splitlines()[0])
+        self._fallback = mx.fast.cuda_kernel(name=self.name, source=self.body, header=self.header,
+                                             input_names=self.input_names, output_names=self.output_names)
 
     def _key(self, inputs, template, output_dtypes) -> tuple:
         return (tuple(template), tuple((a.dtype, a.ndim if s else 0) for a, s in zip(inputs, self.shaped)),
@@ -294,12 +292,15 @@ class CudaKernel:
             if key not in self._built:
                 jobs[(id(self), key)] = (self, key, *self.source(inputs, template, output_dtypes))
             return [mx.zeros(shape, dtype=dtype) for shape, dtype in zip(output_shapes, output_dtypes)]
-        try:
-            fn, cubin = self.cubin(inputs, template, output_dtypes)
-        except RuntimeError as e:  # our compile failed where MLX's may not (its own headers): let MLX try
-            return self._mlx(e)(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
-                                output_shapes=output_shapes, output_dtypes=output_dtypes, init_value=init_value,
-                                stream=stream)
+        if self._fallback is None:
+            try:
+                fn, cubin = self.cubin(inputs, template, output_dtypes)
+            except RuntimeError as e:  # where MLX's compile may not fail (its own headers): MLX from now on
+                self._use_mlx(e)
+        if self._fallback is not None:
+            return self._fallback(inputs=inputs, template=template, grid=grid, threadgroup=threadgroup,
+                                  output_shapes=output_shapes, output_dtypes=output_dtypes, init_value=init_value,
+                                  stream=stream)
         shapes = [dim for a, shaped in zip(inputs, self.shaped) if shaped for dim in a.shape]
         return mx.fast.precompiled_cuda_kernel(
             name=fn, compiled_source=cubin, inputs=inputs, output_shapes=output_shapes,
