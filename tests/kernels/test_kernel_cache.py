@@ -4,6 +4,7 @@ import os
 
 import mlx.core as mx
 
+from locals.engine.kernels import cubin
 from locals.engine.load.backend import keep_compiled_kernels
 
 
@@ -28,3 +29,14 @@ def test_an_unwritable_cache_leaves_mlx_its_default(tmp_path, monkeypatch):
     monkeypatch.delenv("MLX_PTX_CACHE_DIR", raising=False)
     keep_compiled_kernels()
     assert "MLX_PTX_CACHE_DIR" not in os.environ
+
+
+def test_locals_keeps_its_own_cubins_in_a_folder_of_that_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(cubin, "_SHARED", [])  # this process's store, made again under this cache
+    store = cubin.shared_store()
+    if cubin.find_nvrtc() is None:  # no NVRTC here: MLX compiles locals' kernels itself
+        assert store is None
+    else:
+        assert store.folder == tmp_path / "kernels" / "locals"
+    assert cubin.shared_store() is store  # one per process
