@@ -151,7 +151,7 @@ def _model_problems(model: str | None) -> list:
 
 def _report() -> None:
     """Print this chip's stored table, or say how to make one."""
-    from locals.engine.kernels.tuning.tuner import current_chip, load_table
+    from locals.engine.kernels.tuning.tuner import current_chip, load_table, table_path
 
     table = load_table()
     if table is None:
@@ -159,6 +159,8 @@ def _report() -> None:
                 "`locals tune --shape OUTxIN` (the CPU backend runs dense weights, so models have nothing to tune)")
         raise LocalsError(f"this chip has no tuning results for this MLX version; run {hint}")
     print_table(table)
+    if not table_path(table.chip, table.mlx).exists():
+        console_err.print("[dim]the table shipped with locals for this chip; `locals tune` times the pairs it lacks[/dim]")
 
 
 def _check_options(bits: int, dtype: str, group_size: int, rounds: int) -> None:

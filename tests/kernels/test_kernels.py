@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import mlx.core as mx
@@ -385,3 +386,36 @@ def test_tensor_kernel_declines_what_it_cannot_compute():
 def test_table_path_is_per_chip_and_version(locals_home):
     path = table_path("cuda:NVIDIA H200", "0.32.4")
     assert path == locals_home / "cache" / "tuning" / "cuda-nvidia-h200-mlx0.32.4.json"
+
+
+def test_a_shipped_table_serves_until_the_user_tunes_and_a_stale_one_never(locals_home, tmp_path, monkeypatch):
+    from locals.engine.kernels.tuning import tuner
+
+    monkeypatch.setattr(tuner, "SHIPPED_TABLES", tmp_path)
+    model = _quantized_mlp()
+    kind, chip = current_chip()
+    shipped = _table_choosing(model, "mlx-dequant", rows=[3])
+    name = table_path(chip, mx.__version__).name
+    assert load_table() is None
+    (tmp_path / name).write_text(json.dumps(dataclasses.asdict(shipped)))
+    assert load_table().choices == shipped.choices  # nothing tuned here: the shipped table serves
+    mine = _table_choosing(model, "mlx-pad8", rows=[4])
+    save_table(mine)
+    assert load_table().choices == mine.choices  # the user's own table comes first
+    table_path(chip, mx.__version__).unlink()
+    (tmp_path / name).write_text(json.dumps({**dataclasses.asdict(shipped), "kernels": "0000000000"}))
+    assert load_table() is None  # shipped for other kernel sources: untuned, not wrong
+
+
+def test_shipped_tables_match_the_kernel_sources_they_name():
+    """A kernel source change makes a shipped table stale: re-tune on that chip
+    (`locals tune --fresh --model <model>`) and ship the new table, or delete it."""
+    from locals.engine.kernels.tuning.tuner import FORMAT, SHIPPED_TABLES, kernels_tag
+
+    tables = sorted(SHIPPED_TABLES.glob("*.json"))
+    assert tables, "the H200's table ships with locals"
+    for path in tables:
+        table = TuningTable(**json.loads(path.read_text()))
+        assert path.name == table_path(table.chip, table.mlx).name
+        assert table.format == FORMAT and table.complete and table.choices
+        assert table.kernels == kernels_tag(table.chip.split(":", 1)[0]), f"{path.name} is stale"

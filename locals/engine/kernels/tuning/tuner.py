@@ -4,7 +4,9 @@ A candidate first verifies itself on fresh random data (verify.py) for each quan
 it will serve; one failure and it is never timed nor stored. Timing interleaves the
 candidates and MLX's own op in rounds and keeps every sample; a candidate replaces
 MLX's op for a (problem, rows) only when its median is faster by more than MARGIN. The
-table lives in `cache_dir()/tuning/`, one JSON file per chip + MLX version.
+table lives in `cache_dir()/tuning/`, one JSON file per chip + MLX version; without one, a
+table shipped in `shipped/` for the same chip, MLX version and kernel sources serves, and
+`locals tune` refines it (times only the pairs it lacks) into the user's own.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ MARGIN = 0.03
 HOST_US_PER_LAUNCH = 10.0
 # 2: CUDA tables timed by device time (clock.py); tables timed by the host clock are re-tuned.
 FORMAT = 2
+# Tables `locals tune` made on chips we ran (`locals tune --model <the model>`; docs/tune.md, "Shipped tables").
+SHIPPED_TABLES = Path(__file__).resolve().parent / "shipped"
 
 
 @dataclass(frozen=True)
@@ -117,11 +121,17 @@ def new_table() -> TuningTable:
 
 
 def load_table(chip: str | None = None) -> TuningTable | None:
-    """The stored table for this chip + MLX version (None when untuned or unreadable)."""
+    """This chip + MLX version's table: the user's, else the shipped one (None when neither fits
+    this MLX version and these kernel sources)."""
     kind, chip_name = current_chip() if chip is None else (chip.split(":", 1)[0], chip)
+    path = table_path(chip_name, mx.__version__)
+    return read_table(path, kind) or read_table(SHIPPED_TABLES / path.name, kind)
+
+
+def read_table(path: Path, kind: str) -> TuningTable | None:
+    """The table in `path` when it was tuned on this MLX version with these `kind` kernel sources."""
     try:
-        data = json.loads(table_path(chip_name, mx.__version__).read_text())
-        table = TuningTable(**data)
+        table = TuningTable(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
     if table.format != FORMAT or table.kernels != kernels_tag(kind) or table.mlx != mx.__version__:
