@@ -219,8 +219,8 @@ def screen(candidates: list, problems: list[Problem], table: TuningTable,
 def compile_candidates(candidates: list, quants: list[tuple], rows: list[int],
                        progress: Callable[[str], None]) -> None:
     """On CUDA, compile every kernel the candidates launch for these quantizations and row counts,
-    and the device clock's, at once (cubin.py): one at a time, as each is first verified, they
-    were most of a cold `locals tune` (docs/tune.md). Timing launches the same compiled kernels."""
+    and the device clock's, at once (cubin.py) instead of one at a time as each is first verified
+    (docs/tune.md: a cold `locals tune` took 97 s, from 239). Timing launches the same kernels."""
     ours = [c for c in candidates if getattr(c, "backend", None) == "cuda"]
     if not ours or current_chip()[0] != "cuda":
         return
