@@ -7,7 +7,7 @@ as a subprocess with LOCALS_HOME in a temp dir, waits until it serves, and runs
 `subprocess.run(["locals", …], env=server.env)`), and `.cli(*args)` to run the CLI.
 `fresh_locals` gives a test its own home and port with nothing started yet; `capped_server(home,
 cap)` starts a daemon of its own whose replies stop at `cap` tokens (for the agent tools).
-Run with: pytest e2e -m slow
+Run with: pytest e2e -m slow (`--tools a,b` drives only those agent tools in e2e/test_tools.py)
 """
 
 from __future__ import annotations
@@ -20,6 +20,14 @@ from locals.daemon import STOP_TIMEOUT_S
 from locals.traffic.servers import free_port
 
 from e2e.daemon import MODEL, LocalsServer
+
+
+def pytest_addoption(parser):
+    """Which agent tools e2e/test_tools.py drives: each reads a first prompt of 2k to 12k tokens,
+    minutes apiece on two CPU cores (docs/testing.md), so CI can run one tool per API."""
+    parser.getgroup("e2e").addoption(
+        "--tools", default="all",
+        help="comma-separated agent tools for e2e/test_tools.py, e.g. claude,codex (default: all)")
 
 
 @pytest.fixture(scope="session")

@@ -93,9 +93,15 @@ def tools_server(capped_server):
 
 @pytest.mark.timeout(TIMEOUT_S + 120)
 @pytest.mark.parametrize("tool", list(CASES))
-def test_tool_completes_a_request_through_locals(tool, tools_server, tmp_path):
+def test_tool_completes_a_request_through_locals(tool, tools_server, tmp_path, request):
     locals_server = tools_server
     executable, api_path, extra = CASES[tool]
+    chosen = request.config.getoption("--tools", "all")
+    unknown = set(chosen.split(",")) - {"all", *CASES}
+    if unknown:
+        pytest.fail(f"--tools {chosen}: no such tool {', '.join(sorted(unknown))}; they are {', '.join(CASES)}")
+    if chosen != "all" and tool not in chosen.split(","):
+        pytest.skip(f"not among --tools {chosen}")
     if not (TOOLS_BIN / executable).exists() and shutil.which(executable) is None:
         pytest.skip(f"{executable} is not installed; run e2e/setup_tools.sh")
     context = locals_server.get_json("/v1/locals/status").get("context_length") or 0

@@ -19,7 +19,7 @@ from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_
 
 
 def pytest_addoption(parser):
-    """Sizes of the long chaos tests (tests/chaos/), so a quick look and CI can differ."""
+    """Sizes of the long chaos and constraint tests, so a quick look, CI and a full run can differ."""
     group = parser.getgroup("chaos")
     group.addoption("--crash-rounds", type=int, default=30,
                     help="kill -9 rounds of the crash-while-writing test (default 30)")
@@ -27,6 +27,9 @@ def pytest_addoption(parser):
                     help="how long the 64-client churn test runs (default 10)")
     group.addoption("--fuzz-batches", type=int, default=640,
                     help="batches of 8 fuzzed bodies sent to a real daemon (default 640: 5,120 bodies)")
+    parser.getgroup("constrain").addoption(
+        "--generations", type=int, default=104,
+        help="generations a schema or tool choice in tests/constrain's slow property tests (default 104)")
 
 
 def pytest_configure(config):

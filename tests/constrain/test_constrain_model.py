@@ -2,7 +2,7 @@
 
 Whatever the model wants, every output parses, validates against its schema, names only
 offered tools, and still parses when cut off by a small max_tokens. The default run does
-one quick batch; the slow run does 100+ generations per schema.
+one quick batch; the slow run does `--generations` (104 unless told) per schema and tool choice.
 """
 
 from __future__ import annotations
@@ -93,20 +93,23 @@ def test_quick_tool_batch_parses_at_high_temperature(smollm2):
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("schema", [PERSON, NESTED, UNICODE], ids=["person", "nested", "unicode"])
-def test_json_schemas_hold_over_100_generations(smollm2, schema):
+def test_json_schemas_hold_over_many_generations(smollm2, schema, request):
+    n = request.config.getoption("--generations", 104)
     rng = random.Random(7)
     shortest = len(build_constraint(smollm2, json_schema=schema).closing_tokens())
-    budgets = [rng.choice([rng.randint(shortest, 40), 64]) for _ in range(104)]
-    run_json(smollm2, schema, 104, budgets, seed=11)
+    budgets = [rng.choice([rng.randint(shortest, 40), 64]) for _ in range(n)]
+    assert len(run_json(smollm2, schema, n, budgets, seed=11)) == n
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("choice", ["required", "auto"])
-def test_coding_tools_hold_over_100_generations(smollm2, choice):
+def test_coding_tools_hold_over_many_generations(smollm2, choice, request):
+    n = request.config.getoption("--generations", 104)
     rng = random.Random(8)
-    budgets = [rng.choice([rng.randint(30, 60), 80]) for _ in range(104)]
-    texts = run_tools(smollm2, choice, 104, budgets, seed=12)
+    budgets = [rng.choice([rng.randint(30, 60), 80]) for _ in range(n)]
+    texts = run_tools(smollm2, choice, n, budgets, seed=12)
+    assert len(texts) == n
     check_calls(texts, {t["function"]["name"] for t in CODING_TOOLS}, expect_call=choice == "required")
 
 
