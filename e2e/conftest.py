@@ -24,7 +24,7 @@ from e2e.daemon import MODEL, LocalsServer
 
 def pytest_addoption(parser):
     """Which agent tools e2e/test_tools.py drives: each reads a first prompt of 2k to 12k tokens,
-    minutes apiece on two CPU cores (docs/testing.md), so CI can run one tool per API."""
+    minutes apiece on two CPU cores (docs/testing.md), so CI runs a few of them."""
     parser.getgroup("e2e").addoption(
         "--tools", default="all",
         help="comma-separated agent tools for e2e/test_tools.py, e.g. claude,codex (default: all)")
