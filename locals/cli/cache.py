@@ -1,17 +1,20 @@
-"""`locals cache list|clear`: the prompt KV and compiled constraint automata kept on disk across restarts."""
+"""`locals cache list|clear`: the prompt KV, compiled constraint automata and compiled CUDA kernels
+kept on disk across restarts."""
 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import typer
 from rich.table import Table
 
+from locals import settings
 from locals.cli.common import console
 from locals.config import cache_dir
 
-cache_app = typer.Typer(help="Show or clear the prompt cache (and compiled tool/schema automata) kept on disk.",
-                        no_args_is_help=True)
+cache_app = typer.Typer(help="Show or clear what locals keeps on disk across restarts: the prompt cache, compiled "
+                             "tool/schema automata and compiled CUDA kernels.", no_args_is_help=True)
 
 
 def prompts_dir():
@@ -21,7 +24,8 @@ def prompts_dir():
 
 @cache_app.command("list")
 def list_cache() -> None:
-    """List cached prompt prefixes, one a row: model key, tokens, size, last use."""
+    """List cached prompt prefixes, one a row (model key, tokens, size, last use), then the compiled
+    automata and CUDA kernels kept."""
     import datetime
 
     from locals.engine.cache.disk_cache import read_header
@@ -44,6 +48,9 @@ def list_cache() -> None:
     automata, automata_bytes = _folder_size(_automata_dir())
     console.print(f"{total / 2**20:.1f} MiB of prompts; compiled tool/schema automata: {automata} files, "
                   f"{automata_bytes / 2**20:.1f} MiB ({_automata_dir()})")
+    for folder in _kernel_dirs():
+        files, size = _folder_size(folder)
+        console.print(f"compiled CUDA kernels: {files} files, {size / 2**20:.1f} MiB ({folder})")
 
 
 def _automata_dir():
@@ -58,14 +65,31 @@ def _folder_size(root) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files)
 
 
+def _kernel_dirs() -> list[Path]:
+    """The compiled CUDA kernels on disk: locals' kernel cache (MLX's kernels and locals' own, a
+    folder per MLX version), and locals' own in a kernel folder the user chose (MLX_PTX_CACHE_DIR),
+    where MLX's files are the user's. Only those that exist (none on a Mac or a CPU)."""
+    chosen = settings.foreign("MLX_PTX_CACHE_DIR")
+    folders = [cache_dir() / "cuda-kernels", Path(chosen) / "locals" if chosen else None]
+    return [f for f in folders if f is not None and f.is_dir()]
+
+
 @cache_app.command("clear")
-def clear_cache() -> None:
+def clear_cache(
+    kernels: bool = typer.Option(False, "--kernels",
+                                 help="Also delete the compiled CUDA kernels: the next start on the GPU "
+                                      "compiles them again, which takes minutes."),
+) -> None:
     """Delete every cached prompt prefix and compiled automaton (the server rebuilds what it needs)."""
     size = 0
-    for root in (prompts_dir(), _automata_dir()):
+    for root in (prompts_dir(), _automata_dir(), *(_kernel_dirs() if kernels else [])):
         size += _folder_size(root)[1]
         shutil.rmtree(root, ignore_errors=True)
     console.print(f"cleared {size / 2**20:.1f} MiB")
+    kept = sum(_folder_size(folder)[1] for folder in _kernel_dirs())
+    if kept:
+        console.print(f"kept {kept / 2**20:.1f} MiB of compiled CUDA kernels (`locals cache clear --kernels` "
+                      "deletes them too; the next start compiles them again)")
 
 
 def register(app: typer.Typer) -> None:

@@ -185,3 +185,33 @@ def test_compiled_automata_on_disk_stay_under_their_cap(locals_home):
         os.utime(path, (1000 + i, 1000 + i))
     assert trim_disk(2500) == 3000
     assert sorted(p.name for p in disk_folder().glob("*.index")) == ["3.index", "4.index"]
+
+
+def test_cache_cli_lists_compiled_kernels_and_clears_them_when_asked(locals_home, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from locals.cli import app
+    from locals.config import cache_dir
+
+    monkeypatch.delenv("MLX_PTX_CACHE_DIR", raising=False)
+    ours = cache_dir() / "cuda-kernels" / "0.32.4"
+    (ours / "locals").mkdir(parents=True)
+    (ours / "mlx_kernel.ptx").write_bytes(b"x" * (1 << 20))  # MLX's own, in locals' kernel cache
+    (ours / "locals" / "k.cubin").write_bytes(b"x" * (1 << 20))
+    runner = CliRunner()
+    listed = runner.invoke(app, ["cache", "list"])
+    assert listed.exit_code == 0 and "compiled CUDA kernels: 2 files, 2.0 MiB" in listed.output, listed.output
+    cleared = runner.invoke(app, ["cache", "clear"])
+    assert cleared.exit_code == 0 and "kept 2.0 MiB of compiled CUDA kernels" in cleared.output, cleared.output
+    assert (ours / "locals" / "k.cubin").exists()
+    cleared = runner.invoke(app, ["cache", "clear", "--kernels"])
+    assert cleared.exit_code == 0 and "cleared 2.0 MiB" in cleared.output and "kept" not in cleared.output
+    assert not (cache_dir() / "cuda-kernels").exists()
+    # A kernel folder the user chose: locals deletes only its own cubins there, never MLX's files.
+    chosen = tmp_path / "chosen"
+    (chosen / "locals").mkdir(parents=True)
+    (chosen / "mlx_kernel.ptx").write_bytes(b"x")
+    (chosen / "locals" / "k.cubin").write_bytes(b"x")
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(chosen))
+    assert runner.invoke(app, ["cache", "clear", "--kernels"]).exit_code == 0
+    assert [p.name for p in chosen.iterdir()] == ["mlx_kernel.ptx"]

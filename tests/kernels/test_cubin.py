@@ -8,6 +8,8 @@ The launches themselves are checked against references on a GPU (test_kernels_cu
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import pytest
 
@@ -92,7 +94,10 @@ def test_cubins_are_kept_on_disk_and_read_back(tmp_path):
     again = cubin.CudaKernel(cubin.CubinStore(NVRTC, tmp_path), "sm_90a", "locals_scale", "out[0] = x[0] * F;",
                              "", ["x"], ["out"])
     again.store.nvrtc = NoCompiler(NVRTC.library, NVRTC.include_dirs)
+    kept = next(tmp_path.glob("*.cubin"))
+    os.utime(kept, (1000, 1000))
     assert again.cubin([x], [("F", 2)], [mx.float32]) == (fn, first)
+    assert kept.stat().st_mtime > 1000  # read: recently used, so trimmed last
     # Another template is another cubin.
     assert kernel.cubin([x], [("F", 3)], [mx.float32])[1] != first
     assert len(list(tmp_path.glob("*.cubin"))) == 2

@@ -40,3 +40,16 @@ def test_locals_keeps_its_own_cubins_in_a_folder_of_that_cache(tmp_path, monkeyp
     else:
         assert store.folder == tmp_path / "kernels" / "locals"
     assert cubin.shared_store() is store  # one per process
+
+
+def test_a_process_first_kernel_trims_the_cubins_kept(tmp_path, monkeypatch):
+    ours = tmp_path / "kernels" / "locals"
+    ours.mkdir(parents=True)
+    for i in range(3):  # oldest first
+        (ours / f"k{i}.cubin").write_bytes(b"x" * 100)
+        os.utime(ours / f"k{i}.cubin", (1000 + i, 1000 + i))
+    monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(cubin, "_SHARED", [])
+    monkeypatch.setattr(cubin, "DISK_CAP_BYTES", 250)
+    cubin.shared_store()
+    assert sorted(p.name for p in ours.iterdir()) == ["k1.cubin", "k2.cubin"]

@@ -11,20 +11,17 @@ automaton is a pickle behind a magic line and its SHA-256, written atomically
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
 import pickle
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from importlib.metadata import version
 
 import outlines_core
 
-from locals import settings
+from locals import disk_budget, settings
 from locals.atomic_file import write_atomically
 from locals.config import constraint_dir
 from locals.engine.constrain.index import CompiledIndex
@@ -97,8 +94,7 @@ def _load_disk(key: str) -> outlines_core.Index | None:
     except Exception as exc:  # a stale file (another outlines-core) is rebuilt, never fatal
         log.warning("ignoring unreadable constraint cache entry %s: %s", key, exc)
         return None
-    with contextlib.suppress(OSError):
-        os.utime(path)  # recently used: trimmed last
+    disk_budget.touch(path)  # recently used: trimmed last
     return index
 
 
@@ -126,23 +122,7 @@ def _unsealed(data: bytes) -> bytes | None:
 
 def trim_disk(cap: int) -> int:
     """Delete the least recently used automata until the folder holds at most `cap` bytes; bytes freed."""
-    files, now = [], time.time()
-    for path in disk_folder().glob("*"):
-        try:
-            stat = path.stat()
-            if path.suffix == ".tmp" and now - stat.st_mtime > 3600:  # a write cut off by an exit
-                path.unlink()
-        except OSError:  # another process trimmed it meanwhile
-            continue
-        if path.suffix == ".index":
-            files.append((stat.st_mtime, stat.st_size, path))
-    total, freed = sum(size for _, size, _ in files), 0
-    for _, size, path in sorted(files):
-        if total - freed <= cap:
-            break
-        path.unlink(missing_ok=True)
-        freed += size
-    return freed
+    return disk_budget.trim(disk_folder(), "*.index", cap)
 
 
 def _build(key: str, regex: str, vocab: TokenVocab) -> CompiledIndex:

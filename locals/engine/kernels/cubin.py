@@ -29,10 +29,15 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from locals import settings
+from locals import disk_budget, settings
 from locals.atomic_file import write_atomically
 
 log = logging.getLogger(__name__)
+
+# The cubins kept, least recently used out past this (at a process's first kernel): ~20 KB each
+# (the kernel tests' 118 take 2.3 MB), a few hundred a `locals tune`, a new set when a kernel's
+# source changes with an upgrade. `locals cache clear --kernels` empties the folder.
+DISK_CAP_BYTES = 256 << 20
 
 CUDA_TYPES = {
     mx.bool_: "bool", mx.int8: "int8_t", mx.int16: "int16_t", mx.int32: "int32_t", mx.int64: "int64_t",
@@ -172,6 +177,7 @@ class CubinStore:
         path = self.folder / f"{name[:48]}-{key[:20]}.cubin" if self.folder else None
         if path is not None and path.is_file():
             cubin = path.read_bytes()
+            disk_budget.touch(path)  # recently used: trimmed last
         else:
             cubin = self.nvrtc.compile(source, name, arch)
             if path is not None:
@@ -231,7 +237,10 @@ def shared_store() -> CubinStore | None:
         if nvrtc is None:
             log.info("NVRTC or the CUDA headers not found: MLX compiles locals' CUDA kernels in each process")
         folder = compiled_kernel_folder()
-        _SHARED.append(CubinStore(nvrtc, folder / "locals" if folder else None) if nvrtc else None)
+        ours = folder / "locals" if folder else None
+        if ours is not None:
+            disk_budget.trim(ours, "*.cubin", DISK_CAP_BYTES)
+        _SHARED.append(CubinStore(nvrtc, ours) if nvrtc else None)
     return _SHARED[0]
 
 
