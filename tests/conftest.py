@@ -42,6 +42,18 @@ def pytest_configure(config):
     reexec_with_fast_blas()  # does not return
 
 
+def pytest_sessionstart(session):
+    """Say so first (even under -q) when the model tests run on MLX's bundled BLAS (docs/testing.md)."""
+    import sys
+
+    from locals.engine.load.backend import blas_in_use
+
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and sys.platform == "linux" and blas_in_use() != "openblas":
+        reporter.write_line("no OpenBLAS: the model tests run two to three times slower "
+                            "(`apt-get install libopenblas0-pthread`, or ./install.sh, installs it)", yellow=True)
+
+
 def pytest_runtest_setup(item):
     """Skip a `needs_sandbox` test, saying what to install, where no sandbox works."""
     if item.get_closest_marker("needs_sandbox") is None:
