@@ -48,6 +48,11 @@ def constraint_dir() -> Path:
     return cache_dir() / "constraint"
 
 
+def kernels_dir() -> Path:
+    """Compiled CUDA kernels, a folder per MLX version (not created here: `locals cache list` only looks)."""
+    return cache_dir() / "cuda-kernels"
+
+
 def log_dir() -> Path:
     """Daemon logs."""
     return _ensure(_root("log"))

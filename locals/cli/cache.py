@@ -11,7 +11,7 @@ from rich.table import Table
 
 from locals import settings
 from locals.cli.common import console
-from locals.config import cache_dir
+from locals.config import cache_dir, kernels_dir
 
 cache_app = typer.Typer(help="Show or clear what locals keeps on disk across restarts: the prompt cache, compiled "
                              "tool/schema automata and compiled CUDA kernels.", no_args_is_help=True)
@@ -70,7 +70,7 @@ def _kernel_dirs() -> list[Path]:
     folder per MLX version), and locals' own in a kernel folder the user chose (MLX_PTX_CACHE_DIR),
     where MLX's files are the user's. Only those that exist (none on a Mac or a CPU)."""
     chosen = settings.foreign("MLX_PTX_CACHE_DIR")
-    folders = [cache_dir() / "cuda-kernels", Path(chosen) / "locals" if chosen else None]
+    folders = [kernels_dir(), Path(chosen) / "locals" if chosen else None]
     return [f for f in folders if f is not None and f.is_dir()]
 
 

@@ -191,10 +191,10 @@ def test_cache_cli_lists_compiled_kernels_and_clears_them_when_asked(locals_home
     from typer.testing import CliRunner
 
     from locals.cli import app
-    from locals.config import cache_dir
+    from locals.config import kernels_dir
 
     monkeypatch.delenv("MLX_PTX_CACHE_DIR", raising=False)
-    ours = cache_dir() / "cuda-kernels" / "0.32.4"
+    ours = kernels_dir() / "0.32.4"
     (ours / "locals").mkdir(parents=True)
     (ours / "mlx_kernel.ptx").write_bytes(b"x" * (1 << 20))  # MLX's own, in locals' kernel cache
     (ours / "locals" / "k.cubin").write_bytes(b"x" * (1 << 20))
@@ -206,7 +206,7 @@ def test_cache_cli_lists_compiled_kernels_and_clears_them_when_asked(locals_home
     assert (ours / "locals" / "k.cubin").exists()
     cleared = runner.invoke(app, ["cache", "clear", "--kernels"])
     assert cleared.exit_code == 0 and "cleared 2.0 MiB" in cleared.output and "kept" not in cleared.output
-    assert not (cache_dir() / "cuda-kernels").exists()
+    assert not kernels_dir().exists()
     # A kernel folder the user chose: locals deletes only its own cubins there, never MLX's files.
     chosen = tmp_path / "chosen"
     (chosen / "locals").mkdir(parents=True)

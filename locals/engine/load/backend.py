@@ -96,10 +96,10 @@ def compiled_kernel_folder() -> Path | None:
     (None without a cache folder)."""
     if chosen := settings.foreign("MLX_PTX_CACHE_DIR"):
         return Path(chosen)
-    from locals.config import cache_dir
+    from locals.config import kernels_dir
 
     try:
-        return cache_dir() / "cuda-kernels" / mlx_version()
+        return kernels_dir() / mlx_version()
     except OSError:  # no writable cache folder: MLX's default is as good as nothing
         return None
 
