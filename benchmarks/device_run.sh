@@ -35,9 +35,6 @@
 #   mixed       mixed_pass: what forced chunks and drafts add to a B = 8 decode pass
 #   spread      process_spread: B = 8 and 32 in four fresh processes (the per-process spread)
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
-#   chunkcompile  long_prompt at agents' lengths (a 2,048-token prompt while 4 streams decode at 6,000
-#               tokens) with passes of up to 64 tokens compiled (the default), then up to 320 (the
-#               prompt's chunks read beside the streams compiled too), 3 rounds each (ROUNDS, STREAM_LEN)
 #   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
 #   tests       tests/kernels/test_kernels_cuda.py in two halves (each kernel configuration against its
 #               reference, then the rest), each under $TESTS_TIMEOUT (280) s, a JUnit report each
@@ -116,10 +113,6 @@ from locals.engine.load.backend import mlx_version; print(table_path(current_chi
     spread) timeout "${SPREAD_TIMEOUT:-300}" python3 benchmarks/process_spread.py --random-model "$model" \
       --batches 8,32 --processes 4 ;;
     long) timeout "${LONG_TIMEOUT:-200}" python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2 ;;
-    chunkcompile) for limit in 64 320; do
-        timeout "${LONG_TIMEOUT:-240}" python3 benchmarks/long_prompt.py --random-model "$model" --long 2048 \
-          --stream-len "${STREAM_LEN:-6000}" --rounds "${ROUNDS:-3}" --compile-max-tokens "$limit"; save
-      done ;;
     constraint) timeout "${CONSTRAINT_TIMEOUT:-300}" python3 benchmarks/constraint.py --steps 48 --steps-only \
       --engine-tokens 400 --rounds 3 ;;
     tests) mkdir -p benchmarks/results

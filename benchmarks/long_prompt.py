@@ -9,7 +9,6 @@ while it is read, and its time to first token — locals' engine against mlx-lm'
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import threading
@@ -110,9 +109,6 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=None, help="locals' step token budget (default: EngineConfig's)")
     ap.add_argument("--stream-len", type=int, default=32, help="prompt tokens of each decoding stream (served "
                     "agents decode at thousands)")
-    ap.add_argument("--compile-max-tokens", type=int, default=None,
-                    help="locals' passes up to this many tokens run compiled (default: ForwardChoices'); 320 compiles "
-                         "the steps that read the prompt's chunks beside the streams too (padded to a multiple of 64)")
     args = ap.parse_args()
 
     from locals.engine.engine import Engine
@@ -126,8 +122,6 @@ def main() -> None:
     config = EngineConfig(prefix_cache_bytes=0)
     if args.budget:
         config.step_token_budget = args.budget
-    if args.compile_max_tokens is not None:
-        config.forward = dataclasses.replace(config.forward, compile_max_tokens=args.compile_max_tokens)
     engine = Engine(ours, config)
     engine.start()
     streams = prompts(ours.tokenizer, STREAMS, args.stream_len)

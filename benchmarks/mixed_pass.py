@@ -1,10 +1,16 @@
-"""What forced tokens and drafts add to a decode pass: B rows in the decode batch, where C of
-them bring K tokens (a forced chunk or a draft to verify) instead of one.
+"""What a decode pass costs with more than one token a row in it: B rows in the decode batch,
+where C of them bring K tokens (a forced chunk or a draft to verify) instead of one; or, with
+`--prompt N`, what a prompt's N-token chunk read beside the B rows (on its own cache, after
+`--prompt-at` cached tokens) adds, the model set up as an engine serves it.
 
-Times the engine's forward pass plus reading its logits, evaluated synchronously, for the
-pure decode pass and the mixed one, interleaved over rounds; median and range in ms, and
-the mixed pass's extra time per extra token.
+Times the engine's forward pass plus reading its logits, evaluated synchronously, interleaved
+over rounds; median and range in ms. Decode-batch chunks: the pure decode pass, the mixed one,
+and the mixed pass's extra time per extra token. A prompt chunk: the decode pass, the chunk
+alone, the two in one pass; on CUDA also the last two with the chunk attending through MLX's
+fused attention (cuDNN, its graph built in the warm-up) instead of the composed one
+(forward/chunk_attention.py), which tells the attention's share of the pass.
     python benchmarks/mixed_pass.py [--random-model qwen3-4b] [--batch 8] [--chunk-rows 4] [--chunk 4]
+    python benchmarks/mixed_pass.py --random-model qwen3-4b --batch 8 --context 6000 --prompt 248 --prompt-at 4096
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import mlx.core as mx  # noqa: E402
 
 from benchmarks.common import load_pair, write_results  # noqa: E402
 from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
+from locals.engine.forward import chunk_attention  # noqa: E402
 from locals.engine.forward.forward import CompiledBlocks, RowInput, forward  # noqa: E402
 from locals.engine.forward.kv import DecodeBatch, RowKV  # noqa: E402
 
@@ -50,6 +57,56 @@ def timed_pass(model, kvs: list[RowKV], chunk_rows: int, chunk: int, compiled: C
     return elapsed
 
 
+def prompt_cache(model, at: int) -> RowKV:
+    """A prompt's own cache holding its first `at` tokens, as a prompt is read beside the batch."""
+    kv = RowKV(len(model.layers))
+    if at:
+        mx.eval(forward(model, [RowInput(mx.array([(5 * j) % 200 + 10 for j in range(at)]), at, kv, False)]))
+    return kv
+
+
+def timed_prompt_pass(runner, kvs: list[RowKV], prompt: RowKV | None, chunk: int, attention: str) -> float:
+    """Seconds for one pass of the decoding rows `kvs` and a `chunk`-token piece of `prompt`
+    (either may be absent), the chunk attending as `attention` says ("composed": as served;
+    "fused": MLX's op); then every cache is trimmed back."""
+    rows = [RowInput(mx.array([11]), 1, kv, True) for kv in kvs]
+    if prompt is not None:
+        rows.append(RowInput(mx.array([13] * chunk), chunk, prompt, True))
+    served = chunk_attention.COMPOSED_MAX_SCORES
+    chunk_attention.COMPOSED_MAX_SCORES = served if attention == "composed" else 0
+    try:
+        start = time.perf_counter()
+        mx.eval(mx.argmax(forward(runner.model, rows, runner.compiled, runner.choices), axis=-1))
+        elapsed = time.perf_counter() - start
+    finally:
+        chunk_attention.COMPOSED_MAX_SCORES = served
+    for r in rows:
+        r.kv.trim(r.n)
+    return elapsed
+
+
+def prompt_cases(loaded, args) -> dict:
+    """The decode pass, the prompt chunk alone and beside it (and with MLX's attention, on CUDA),
+    on a model set up as the engine serves it (an engine built, never started)."""
+    from locals.engine.engine import Engine
+    from locals.engine.settings import EngineConfig
+
+    runner = Engine(loaded, EngineConfig(prefix_cache_bytes=0)).runner
+    kvs, prompt = decode_batch(runner.model, args.batch, args.context), prompt_cache(runner.model, args.prompt_at)
+    cases = {"decode": (kvs, None, "composed"), "prompt": ([], prompt, "composed"), "mixed": (kvs, prompt, "composed")}
+    if chunk_attention.ON_CUDA:
+        cases.update({"prompt, fused attention": ([], prompt, "fused"), "mixed, fused attention": (kvs, prompt, "fused")})
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for rows, chunk_of, attention in cases.values():  # warm-up: kernels, graphs, cuDNN builds
+        timed_prompt_pass(runner, rows, chunk_of, args.prompt, attention)
+    for _ in range(args.rounds):
+        for name, case in cases.items():
+            samples[name].append(timed_prompt_pass(runner, *case[:2], args.prompt, case[2]) * 1e3)
+    return {"prompt": args.prompt, "prompt_at": args.prompt_at,
+            **{f"{k}_ms": {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
+               for k, v in samples.items()}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--random-model", default=None, help="qwen3-4b on a GPU; default: the embedded model")
@@ -58,10 +115,19 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=4)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--prompt", type=int, default=0, help="a prompt chunk of this many tokens beside the batch")
+    ap.add_argument("--prompt-at", type=int, default=4096, help="the prompt's tokens cached before that chunk")
     args = ap.parse_args()
     if needs_fast_blas_reexec():
         reexec_with_fast_blas()  # the CPU numbers assume OpenBLAS, like the CLI
     loaded, _theirs, label = load_pair(args.random_model)
+    if args.prompt:
+        result = {"model": label, "batch": args.batch, "context": args.context, "rounds": args.rounds,
+                  **prompt_cases(loaded, args)}
+        for k, v in result.items():
+            print(f"{k:24s} {v}")
+        print(f"results: {write_results('mixed_pass', result)}")
+        return
     model = loaded.model
     kvs = decode_batch(model, args.batch, args.context)
     compiled = CompiledBlocks()

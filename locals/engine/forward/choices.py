@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 
 # Passes of at most this many tokens (decode steps, short forced or draft chunks) run as compiled
 # graphs: a small-batch decode step is host-bound on a GPU (building the ops in Python was a
-# quarter of it), and compiling removes that work. Longer passes (prompt chunks) are compute-bound;
-# whether a chunk read beside decoding rows gains from compiling (a limit of 320, padded lengths
-# of 64: forward/compiled.py) is not measured served yet (`benchmarks/device_run.sh chunkcompile`).
-# See docs/benchmarks-log.md, "Kernels of one engine step (ncu)", its native profile. On the CPU none: there the compiled steps decoded as fast as the
-# eager ones at 64-token prompts and at half their rate at 1,024 (8 rows: 31 against 58 tok/s;
-# docs/benchmarks-log.md, "CPU: compiled steps"), and compiling ahead held requests behind traces.
+# quarter of it), and compiling removes that work (docs/benchmarks-log.md, "Kernels of one engine
+# step (ncu)"). A prompt chunk read beside decoding rows is device-bound: compiling those passes
+# too (a limit of 256, the step budget) served the same on an H100 (docs/benchmarks-log.md,
+# "Compiling the passes that read a prompt beside decoders"). On the CPU none: there the compiled
+# steps decoded as fast as the eager ones at 64-token prompts and at half their rate at 1,024
+# (8 rows: 31 against 58 tok/s; docs/benchmarks-log.md, "CPU: compiled steps"), and compiling
+# ahead held requests behind traces.
 COMPILE_MAX_TOKENS = 64
 EVERY_PASS = 1 << 30  # a token limit no pass reaches
 
