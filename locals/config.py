@@ -53,6 +53,11 @@ def kernels_dir() -> Path:
     return cache_dir() / "cuda-kernels"
 
 
+def kernel_checks_dir() -> Path:
+    """Kernel checks that passed on this machine (kernels/passed_checks.py; not created here)."""
+    return cache_dir() / "kernel-checks"
+
+
 def log_dir() -> Path:
     """Daemon logs."""
     return _ensure(_root("log"))

@@ -1,5 +1,5 @@
-"""`locals cache list|clear`: the prompt KV, compiled constraint automata and compiled CUDA kernels
-kept on disk across restarts."""
+"""`locals cache list|clear`: the prompt KV, compiled constraint automata, compiled CUDA kernels and
+the kernel checks that passed, kept on disk across restarts."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.table import Table
 
 from locals import settings
 from locals.cli.common import console
-from locals.config import cache_dir, kernels_dir
+from locals.config import cache_dir, kernel_checks_dir, kernels_dir
 
 cache_app = typer.Typer(help="Show or clear what locals keeps on disk across restarts: the prompt cache, compiled "
                              "tool/schema automata and compiled CUDA kernels.", no_args_is_help=True)
@@ -51,6 +51,10 @@ def list_cache() -> None:
     for folder in _kernel_dirs():
         files, size = _folder_size(folder)
         console.print(f"compiled CUDA kernels: {files} files, {size / 2**20:.1f} MiB ({folder})")
+    if kernel_checks_dir().is_dir():
+        files = _folder_size(kernel_checks_dir())[0]
+        console.print(f"kernel checks passed on this GPU (not run again at a start): {files} "
+                      f"file{'' if files == 1 else 's'} ({kernel_checks_dir()})")
 
 
 def _automata_dir():
@@ -80,9 +84,10 @@ def clear_cache(
                                  help="Also delete the compiled CUDA kernels: the next start on the GPU "
                                       "compiles them again, which takes minutes."),
 ) -> None:
-    """Delete every cached prompt prefix and compiled automaton (the server rebuilds what it needs)."""
+    """Delete every cached prompt prefix, compiled automaton and kept kernel check (the server rebuilds
+    what it needs)."""
     size = 0
-    for root in (prompts_dir(), _automata_dir(), *(_kernel_dirs() if kernels else [])):
+    for root in (prompts_dir(), _automata_dir(), kernel_checks_dir(), *(_kernel_dirs() if kernels else [])):
         size += _folder_size(root)[1]
         shutil.rmtree(root, ignore_errors=True)
     console.print(f"cleared {size / 2**20:.1f} MiB")

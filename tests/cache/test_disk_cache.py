@@ -191,19 +191,23 @@ def test_cache_cli_lists_compiled_kernels_and_clears_them_when_asked(locals_home
     from typer.testing import CliRunner
 
     from locals.cli import app
-    from locals.config import kernels_dir
+    from locals.config import kernel_checks_dir, kernels_dir
+    from locals.engine.kernels.passed_checks import PassedChecks
 
     monkeypatch.delenv("MLX_PTX_CACHE_DIR", raising=False)
     ours = kernels_dir() / "0.32.4"
     (ours / "locals").mkdir(parents=True)
     (ours / "mlx_kernel.ptx").write_bytes(b"x" * (1 << 20))  # MLX's own, in locals' kernel cache
     (ours / "locals" / "k.cubin").write_bytes(b"x" * (1 << 20))
+    PassedChecks(kernel_checks_dir(), "f" * 64).record("gated: 'k'")
     runner = CliRunner()
     listed = runner.invoke(app, ["cache", "list"])
     assert listed.exit_code == 0 and "compiled CUDA kernels: 2 files, 2.0 MiB" in listed.output, listed.output
+    assert "not run again at a start): 1 file" in " ".join(listed.output.split()), listed.output
     cleared = runner.invoke(app, ["cache", "clear"])
     assert cleared.exit_code == 0 and "kept 2.0 MiB of compiled CUDA kernels" in cleared.output, cleared.output
     assert (ours / "locals" / "k.cubin").exists()
+    assert not kernel_checks_dir().exists()  # a plain clear: the next GPU start checks its kernels again
     cleared = runner.invoke(app, ["cache", "clear", "--kernels"])
     assert cleared.exit_code == 0 and "cleared 2.0 MiB" in cleared.output and "kept" not in cleared.output
     assert not kernels_dir().exists()

@@ -152,7 +152,7 @@ def check(fused: AddNorm, tokens: int) -> str:
 def verified(fused: AddNorm) -> str:
     """"" when `fused` passed every token count on this device (checked once per process),
     otherwise the first failure."""
-    return remembered(_VERDICTS, fused, lambda: first_failure(
+    return remembered(_VERDICTS, "add and norm", fused, lambda: first_failure(
         (f"{n} tokens", lambda n=n: check(fused, n)) for n in VERIFY_TOKENS))
 
 

@@ -366,7 +366,7 @@ def check(kernel: DecodeAttention, rows: int, t_cap: int) -> str:
 def verified(kernel: DecodeAttention) -> str:
     """"" when `kernel` passed every case on this device (checked once per process), otherwise
     the first failure."""
-    return remembered(_VERDICTS, kernel, lambda: first_failure(
+    return remembered(_VERDICTS, "decode attention", kernel, lambda: first_failure(
         (f"{rows} rows of up to {t}", lambda rows=rows, t=t: check(kernel, rows, t)) for rows, t in VERIFY_CASES))
 
 

@@ -38,7 +38,7 @@ def check_gated(kernel, rows: int, n: int, k: int, bits: int, group_size: int, d
 
 def verified(kernel, rows: int, n: int, k: int, bits: int, group_size: int, dtype) -> str:
     """`check_gated` once per process for each (kernel, rows, shape, quantization, dtype)."""
-    return remembered(_VERDICTS, (kernel.name, rows, n, k, bits, group_size, str(dtype)),
+    return remembered(_VERDICTS, "gated", (kernel.name, rows, n, k, bits, group_size, str(dtype)),
                       lambda: check_gated(kernel, rows, n, k, bits, group_size, dtype))
 
 

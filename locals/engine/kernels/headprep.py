@@ -372,12 +372,13 @@ def _first_failure(prep: HeadPrep, check_one) -> str:
 def verified(prep: HeadPrep) -> str:
     """"" when `prep` passed every token count in both layouts on this device (checked once per
     process), otherwise the first failure."""
-    return remembered(_VERDICTS, prep, lambda: _first_failure(prep, check))
+    return remembered(_VERDICTS, "q/k norm and RoPE", prep, lambda: _first_failure(prep, check))
 
 
 def cache_verified(prep: HeadPrep) -> str:
     """The same for `into_cache`."""
-    return remembered(_CACHE_VERDICTS, prep, lambda: _first_failure(prep, check_into_cache))
+    return remembered(_CACHE_VERDICTS, "q/k norm and RoPE into the cache", prep,
+                      lambda: _first_failure(prep, check_into_cache))
 
 
 def attach(model: nn.Module, backend: str, dtype) -> int:

@@ -1,6 +1,7 @@
 """What every kernel of ours shares: its JIT kernel (CUDA: ours, cubin.py; Metal: mx.fast.metal_kernel)
 built once per process under a name that carries its source's hash, a verdict on it remembered per
-process, and attaching verified kernels to a model's modules only while they pass.
+process (a pass also on disk: passed_checks.py), and attaching verified kernels to a model's modules
+only while they pass.
 
 A kernel's module keeps its source, its launch and its check; this module keeps the rest.
 """
@@ -14,7 +15,7 @@ from collections.abc import Callable, Hashable, Iterable
 import mlx.core as mx
 import mlx.nn as nn
 
-from locals.engine.kernels import cubin
+from locals.engine.kernels import cubin, passed_checks
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +108,18 @@ def cuda_kernel(name: str, source: str, header: str, inputs: list[str], outputs:
     return cubin.CudaKernel(store, cubin.device_arch(), name, source, header, inputs, outputs)
 
 
-def remembered(verdicts: dict, key: Hashable, check: Callable[[], str]) -> str:
-    """`check()` once per process for `key` ("" when the kernel passed, otherwise why not)."""
+def remembered(verdicts: dict, what: str, key: Hashable, check: Callable[[], str]) -> str:
+    """`check()` once per process for `key` ("" when the kernel passed, otherwise why not), and
+    not at all where the same check (`what`, the key's repr) passed at an earlier start on this
+    machine with the same kernels and MLX (passed_checks.py)."""
     if key not in verdicts:
-        verdicts[key] = check()
+        kept, name = passed_checks.shared(), f"{what}: {key!r}"
+        if kept is not None and kept.passed(name):
+            verdicts[key] = ""
+        else:
+            verdicts[key] = check()
+            if kept is not None and not verdicts[key]:
+                kept.record(name)
     return verdicts[key]
 
 

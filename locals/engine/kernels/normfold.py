@@ -63,7 +63,7 @@ def check(kernel, rows: int, n: int, k: int, bits: int, group_size: int, dtype, 
 
 def verified(kernel, rows: int, n: int, k: int, bits: int, group_size: int, dtype, eps: float) -> str:
     """`check` once per process for each (kernel, rows, shape, quantization, dtype, eps)."""
-    return remembered(_VERDICTS, (kernel.name, rows, n, k, bits, group_size, str(dtype), eps),
+    return remembered(_VERDICTS, "norm folded", (kernel.name, rows, n, k, bits, group_size, str(dtype), eps),
                       lambda: check(kernel, rows, n, k, bits, group_size, dtype, eps))
 
 
