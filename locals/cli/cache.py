@@ -14,7 +14,8 @@ from locals.cli.common import console
 from locals.config import cache_dir, kernel_checks_dir, kernels_dir
 
 cache_app = typer.Typer(help="Show or clear what locals keeps on disk across restarts: the prompt cache, compiled "
-                             "tool/schema automata and compiled CUDA kernels.", no_args_is_help=True)
+                             "tool/schema automata, compiled CUDA kernels and the kernel checks that passed.",
+                        no_args_is_help=True)
 
 
 def prompts_dir():

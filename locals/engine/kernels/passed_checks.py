@@ -7,13 +7,14 @@ the difference (docs/benchmarks-log.md, "Kernels kept on disk: a tuned table ser
 that passed is kept under a fingerprint of everything its answer depends on: the source files
 of the kernel package (the kernels, their checks and tolerances), MLX's version, the device (its
 name, architecture and, where MLX reports one, its uuid), the system (on a Mac, Metal's shader
-compiler comes with it) and, on CUDA, the NVRTC that compiles the kernels. Any of those changes,
-and every check runs again. A failure is never kept: it is checked again at the next start (and
-logged again). Nothing is kept on the CPU, where no kernel of ours runs.
+compiler comes with it) and, on CUDA, the NVRTC that compiles the kernels and the driver. Any of
+those changes, and every check runs again. A failure is never kept: it is checked again at the
+next start (and logged again). Nothing is kept on the CPU, where no kernel of ours runs.
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -96,6 +97,7 @@ def _open() -> PassedChecks | None:
     if getattr(mx, "cuda", None) is not None and mx.cuda.is_available():
         store = cubin.shared_store()
         compiler += f"; nvrtc {store.nvrtc.version}" if store is not None else "; MLX's NVRTC"
+        compiler += f"; driver {_cuda_driver_version()}"
     try:
         folder = kernel_checks_dir()
         disk_budget.trim(folder, "*.json", DISK_CAP_BYTES)
@@ -104,3 +106,13 @@ def _open() -> PassedChecks | None:
     except OSError as e:  # no cache folder: check in every process
         log.debug("kernel checks not kept: %s", e)
         return None
+
+
+def _cuda_driver_version() -> int:
+    """The CUDA driver's version (12080 for 12.8), 0 where libcuda cannot say."""
+    try:
+        version = ctypes.c_int(0)
+        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))
+        return version.value
+    except (OSError, AttributeError):
+        return 0
