@@ -34,7 +34,8 @@
 #               under Nsight Compute (ncu on PATH, or NCU=/path/to/ncu); KERNEL_BYTES=1 adds DRAM bytes
 #   mixed       mixed_pass: what forced chunks and drafts add to a B = 8 decode pass
 #   mixedprompt mixed_pass --prompt: a 248-token prompt chunk (after 4,096 and 8,192 cached tokens)
-#               beside 8 rows decoding at 6,000, alone, and with MLX's fused attention for the chunk
+#               beside 8 rows decoding at 6,000, alone, and with MLX's fused attention for the chunk;
+#               each under $MIXED_TIMEOUT (280) s
 #   spread      process_spread: B = 8 and 32 in four fresh processes (the per-process spread)
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
 #   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
@@ -115,7 +116,7 @@ from locals.engine.load.backend import mlx_version; print(table_path(current_chi
     spread) timeout "${SPREAD_TIMEOUT:-300}" python3 benchmarks/process_spread.py --random-model "$model" \
       --batches 8,32 --processes 4 ;;
     mixedprompt) for at in 4096 8192; do
-        timeout "${MIXED_TIMEOUT:-200}" python3 benchmarks/mixed_pass.py --random-model "$model" --batch 8 \
+        timeout "${MIXED_TIMEOUT:-280}" python3 benchmarks/mixed_pass.py --random-model "$model" --batch 8 \
           --context 6000 --prompt 248 --prompt-at "$at" --rounds 8; save
       done ;;
     long) timeout "${LONG_TIMEOUT:-200}" python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2 ;;
