@@ -34,7 +34,7 @@
 #               under Nsight Compute (ncu on PATH, or NCU=/path/to/ncu); KERNEL_BYTES=1 adds DRAM bytes
 #   mixed       mixed_pass: what forced chunks and drafts add to a B = 8 decode pass
 #   mixedprompt mixed_pass --prompt: a 248-token prompt chunk (after 4,096 and 8,192 cached tokens)
-#               beside 8 rows decoding at 6,000, alone, and with MLX's fused attention for the chunk;
+#               beside 8 rows decoding at 6,000, alone, and the chunk's attention as served and fused;
 #               each under $MIXED_TIMEOUT (280) s
 #   spread      process_spread: B = 8 and 32 in four fresh processes (the per-process spread)
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode

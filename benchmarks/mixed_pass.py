@@ -6,9 +6,9 @@ where C of them bring K tokens (a forced chunk or a draft to verify) instead of 
 Times the engine's forward pass plus reading its logits, evaluated synchronously, interleaved
 over rounds; median and range in ms. Decode-batch chunks: the pure decode pass, the mixed one,
 and the mixed pass's extra time per extra token. A prompt chunk: the decode pass, the chunk
-alone, the two in one pass; on CUDA also the last two with the chunk attending through MLX's
-fused attention (cuDNN, its graph built in the warm-up) instead of the composed one
-(forward/chunk_attention.py), which tells the attention's share of the pass.
+alone, the two in one pass, and the chunk's attention on its own for every layer (random
+queries and keys of its shape) as served (forward/chunk_attention.py) and through MLX's fused
+attention (cuDNN on CUDA, its graph built in the warm-up), which tells the attention's share.
     python benchmarks/mixed_pass.py [--random-model qwen3-4b] [--batch 8] [--chunk-rows 4] [--chunk 4]
     python benchmarks/mixed_pass.py --random-model qwen3-4b --batch 8 --context 6000 --prompt 248 --prompt-at 4096
 """
@@ -65,43 +65,58 @@ def prompt_cache(model, at: int) -> RowKV:
     return kv
 
 
-def timed_prompt_pass(runner, kvs: list[RowKV], prompt: RowKV | None, chunk: int, attention: str) -> float:
+def timed_prompt_pass(runner, kvs: list[RowKV], prompt: RowKV | None, chunk: int) -> float:
     """Seconds for one pass of the decoding rows `kvs` and a `chunk`-token piece of `prompt`
-    (either may be absent), the chunk attending as `attention` says ("composed": as served;
-    "fused": MLX's op); then every cache is trimmed back."""
+    (either may be absent); then every cache is trimmed back."""
     rows = [RowInput(mx.array([11]), 1, kv, True) for kv in kvs]
     if prompt is not None:
         rows.append(RowInput(mx.array([13] * chunk), chunk, prompt, True))
-    served = chunk_attention.COMPOSED_MAX_SCORES
-    chunk_attention.COMPOSED_MAX_SCORES = served if attention == "composed" else 0
-    try:
-        start = time.perf_counter()
-        mx.eval(mx.argmax(forward(runner.model, rows, runner.compiled, runner.choices), axis=-1))
-        elapsed = time.perf_counter() - start
-    finally:
-        chunk_attention.COMPOSED_MAX_SCORES = served
+    start = time.perf_counter()
+    mx.eval(mx.argmax(forward(runner.model, rows, runner.compiled, runner.choices), axis=-1))
+    elapsed = time.perf_counter() - start
     for r in rows:
         r.kv.trim(r.n)
     return elapsed
 
 
+def timed_chunk_attention(model, chunk: int, at: int, attend) -> float:
+    """Seconds for `attend(q, keys, values, scale)` once per layer on random data of a `chunk`-token
+    piece after `at` cached tokens, in the model's heads and dtype."""
+    attn = model.layers[0].self_attn
+    heads, kv_heads = attn.n_heads, attn.n_kv_heads
+    dim, dtype = round(attn.scale ** -2), model.layers[0].input_layernorm.weight.dtype  # scale = dim ** -0.5
+    q = mx.random.normal((1, heads, chunk, dim)).astype(dtype)
+    keys, values = (mx.random.normal((1, kv_heads, at + chunk, dim)).astype(dtype) for _ in range(2))
+    mx.eval(q, keys, values)
+    start = time.perf_counter()
+    mx.eval([attend(q, keys, values, attn.scale) for _ in model.layers])
+    return time.perf_counter() - start
+
+
 def prompt_cases(loaded, args) -> dict:
-    """The decode pass, the prompt chunk alone and beside it (and with MLX's attention, on CUDA),
+    """The decode pass, the prompt chunk alone and beside it, and the chunk's attention both ways,
     on a model set up as the engine serves it (an engine built, never started)."""
     from locals.engine.engine import Engine
     from locals.engine.settings import EngineConfig
 
     runner = Engine(loaded, EngineConfig(prefix_cache_bytes=0)).runner
     kvs, prompt = decode_batch(runner.model, args.batch, args.context), prompt_cache(runner.model, args.prompt_at)
-    cases = {"decode": (kvs, None, "composed"), "prompt": ([], prompt, "composed"), "mixed": (kvs, prompt, "composed")}
-    if chunk_attention.ON_CUDA:
-        cases.update({"prompt, fused attention": ([], prompt, "fused"), "mixed, fused attention": (kvs, prompt, "fused")})
+
+    def fused(q, keys, values, scale):
+        return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask="causal")
+
+    cases = {"decode": lambda: timed_prompt_pass(runner, kvs, None, args.prompt),
+             "prompt": lambda: timed_prompt_pass(runner, [], prompt, args.prompt),
+             "mixed": lambda: timed_prompt_pass(runner, kvs, prompt, args.prompt),
+             "chunk attention, as served": lambda: timed_chunk_attention(
+                 runner.model, args.prompt, args.prompt_at, chunk_attention.chunk_attention),
+             "chunk attention, fused": lambda: timed_chunk_attention(runner.model, args.prompt, args.prompt_at, fused)}
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    for rows, chunk_of, attention in cases.values():  # warm-up: kernels, graphs, cuDNN builds
-        timed_prompt_pass(runner, rows, chunk_of, args.prompt, attention)
+    for case in cases.values():  # warm-up: kernels, graphs, cuDNN builds
+        case()
     for _ in range(args.rounds):
         for name, case in cases.items():
-            samples[name].append(timed_prompt_pass(runner, *case[:2], args.prompt, case[2]) * 1e3)
+            samples[name].append(case() * 1e3)
     return {"prompt": args.prompt, "prompt_at": args.prompt_at,
             **{f"{k}_ms": {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
                for k, v in samples.items()}}
