@@ -1,16 +1,18 @@
 """What a decode pass costs with more than one token a row in it: B rows in the decode batch,
 where C of them bring K tokens (a forced chunk or a draft to verify) instead of one; or, with
-`--prompt N`, what a prompt's N-token chunk read beside the B rows (on its own cache, after
-`--prompt-at` cached tokens) adds, the model set up as an engine serves it.
+`--prompt N[,N...]`, what a prompt's N-token chunk read beside the B rows (on its own cache, after
+`--prompt-at` cached tokens) adds, for each N, the model set up as an engine serves it.
 
 Times the engine's forward pass plus reading its logits, evaluated synchronously, interleaved
 over rounds; median and range in ms. Decode-batch chunks: the pure decode pass, the mixed one,
 and the mixed pass's extra time per extra token. A prompt chunk: the decode pass, the chunk
-alone, the two in one pass, and the chunk's attention on its own for every layer (random
+alone, the two in one pass, the chunk's attention on its own for every layer (random
 queries and keys of its shape) as served (forward/chunk_attention.py) and through MLX's fused
-attention (cuDNN on CUDA, its graph built in the warm-up), which tells the attention's share.
+attention (cuDNN on CUDA, its graph built in the warm-up), which tells the attention's share,
+and every layer's matmuls on B + N random tokens (joined q/k/v, o, joined gate/up, down), which
+tells theirs.
     python benchmarks/mixed_pass.py [--random-model qwen3-4b] [--batch 8] [--chunk-rows 4] [--chunk 4]
-    python benchmarks/mixed_pass.py --random-model qwen3-4b --batch 8 --context 6000 --prompt 248 --prompt-at 4096
+    python benchmarks/mixed_pass.py --random-model qwen3-4b --batch 8 --context 6000 --prompt 24,56,120,248 --prompt-at 4096
 """
 
 from __future__ import annotations
@@ -93,9 +95,37 @@ def timed_chunk_attention(model, chunk: int, at: int, attend) -> float:
     return time.perf_counter() - start
 
 
-def prompt_cases(loaded, args) -> dict:
-    """The decode pass, the prompt chunk alone and beside it, and the chunk's attention both ways,
-    on a model set up as the engine serves it (an engine built, never started)."""
+def timed_matmuls(model, tokens: int) -> float:
+    """Seconds for every layer's matmuls (joined q/k/v, o, joined gate/up, down where joined;
+    the parts otherwise) on `tokens` random rows, as a pass of that many tokens runs them."""
+    layers = model.layers
+    hidden = layers[0].input_layernorm.weight
+    x = mx.random.normal((tokens, hidden.shape[0])).astype(hidden.dtype)
+    mx.eval(x)
+    outs = []
+    start = time.perf_counter()
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = [attn.fused_qkv] if "fused_qkv" in attn else [attn.q_proj, attn.k_proj, attn.v_proj]
+        gate_up = [mlp.fused_gate_up] if "fused_gate_up" in mlp else [mlp.gate_proj, mlp.up_proj]
+        outs += [f(x) for f in qkv + gate_up]
+        outs.append(attn.o_proj(mx.zeros((tokens, attn.o_proj.weight.shape[1] * _packing(attn.o_proj)), x.dtype)))
+        outs.append(mlp.down_proj(mx.zeros((tokens, mlp.down_proj.weight.shape[1] * _packing(mlp.down_proj)),
+                                           x.dtype)))
+    mx.eval(outs)
+    return time.perf_counter() - start
+
+
+def _packing(linear) -> int:
+    """Input features per stored weight column: 32 // bits for a quantized linear, else 1."""
+    bits = getattr(linear, "bits", None)
+    return 32 // bits if bits else 1
+
+
+def prompt_cases(loaded, args) -> list[dict]:
+    """For each chunk size: the decode pass, the prompt chunk alone and beside it, the chunk's
+    attention both ways and the pass's matmuls, on a model set up as the engine serves it (an
+    engine built, never started)."""
     from locals.engine.engine import Engine
     from locals.engine.settings import EngineConfig
 
@@ -105,21 +135,26 @@ def prompt_cases(loaded, args) -> dict:
     def fused(q, keys, values, scale):
         return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask="causal")
 
-    cases = {"decode": lambda: timed_prompt_pass(runner, kvs, None, args.prompt),
-             "prompt": lambda: timed_prompt_pass(runner, [], prompt, args.prompt),
-             "mixed": lambda: timed_prompt_pass(runner, kvs, prompt, args.prompt),
-             "chunk attention, as served": lambda: timed_chunk_attention(
-                 runner.model, args.prompt, args.prompt_at, chunk_attention.chunk_attention),
-             "chunk attention, fused": lambda: timed_chunk_attention(runner.model, args.prompt, args.prompt_at, fused)}
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    for case in cases.values():  # warm-up: kernels, graphs, cuDNN builds
-        case()
-    for _ in range(args.rounds):
-        for name, case in cases.items():
-            samples[name].append(case() * 1e3)
-    return {"prompt": args.prompt, "prompt_at": args.prompt_at,
-            **{f"{k}_ms": {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
-               for k, v in samples.items()}}
+    results = []
+    for n in args.prompt:
+        cases = {"decode": lambda: timed_prompt_pass(runner, kvs, None, n),
+                 "prompt": lambda: timed_prompt_pass(runner, [], prompt, n),
+                 "mixed": lambda: timed_prompt_pass(runner, kvs, prompt, n),
+                 "chunk attention, as served": lambda: timed_chunk_attention(
+                     runner.model, n, args.prompt_at, chunk_attention.chunk_attention),
+                 "chunk attention, fused": lambda: timed_chunk_attention(runner.model, n, args.prompt_at, fused),
+                 "matmuls, decode rows and chunk": lambda: timed_matmuls(runner.model, args.batch + n)}
+        samples: dict[str, list[float]] = {name: [] for name in cases}
+        for case in cases.values():  # warm-up: kernels, graphs, cuDNN builds
+            case()
+        for _ in range(args.rounds):
+            for name, case in cases.items():
+                samples[name].append(case() * 1e3)
+        results.append({"prompt": n, "prompt_at": args.prompt_at, **{
+            f"{k}_ms": {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
+            for k, v in samples.items()}})
+        print(results[-1], flush=True)
+    return results
 
 
 def main() -> None:
@@ -130,7 +165,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=4)
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--prompt", type=int, default=0, help="a prompt chunk of this many tokens beside the batch")
+    ap.add_argument("--prompt", type=lambda v: [int(n) for n in v.split(",")], default=[],
+                    help="prompt chunks of these many tokens beside the batch, one at a time (e.g. 24,56,120,248)")
     ap.add_argument("--prompt-at", type=int, default=4096, help="the prompt's tokens cached before that chunk")
     args = ap.parse_args()
     if needs_fast_blas_reexec():
@@ -138,7 +174,7 @@ def main() -> None:
     loaded, _theirs, label = load_pair(args.random_model)
     if args.prompt:
         result = {"model": label, "batch": args.batch, "context": args.context, "rounds": args.rounds,
-                  **prompt_cases(loaded, args)}
+                  "chunks": prompt_cases(loaded, args)}
         for k, v in result.items():
             print(f"{k:24s} {v}")
         print(f"results: {write_results('mixed_pass', result)}")
