@@ -6,11 +6,11 @@ where C of them bring K tokens (a forced chunk or a draft to verify) instead of 
 Times the engine's forward pass plus reading its logits, evaluated synchronously, interleaved
 over rounds; median and range in ms. Decode-batch chunks: the pure decode pass, the mixed one,
 and the mixed pass's extra time per extra token. A prompt chunk: the decode pass, the chunk
-alone, the two as served (the decode step, then the chunk: forward.py's split) and in one pass,
-the chunk's attention on its own for every layer (random queries and keys of its shape) as served
-(forward/chunk_attention.py) and through MLX's fused attention (cuDNN on CUDA, its graph built in
-the warm-up), which tells the attention's share, and every layer's matmuls on B + N random
-tokens (joined q/k/v, o, joined gate/up, down), which tell theirs.
+alone, the two in one pass, the chunk's attention on its own for every layer (random
+queries and keys of its shape) as served (forward/chunk_attention.py) and through MLX's fused
+attention (cuDNN on CUDA, its graph built in the warm-up), which tells the attention's share,
+and every layer's matmuls on B + N random tokens (joined q/k/v, o, joined gate/up, down), which
+tells theirs.
     python benchmarks/mixed_pass.py [--random-model qwen3-4b] [--batch 8] [--chunk-rows 4] [--chunk 4]
     python benchmarks/mixed_pass.py --random-model qwen3-4b --batch 8 --context 6000 --prompt 24,56,120,248 --prompt-at 4096
 """
@@ -21,7 +21,6 @@ import argparse
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -68,15 +67,14 @@ def prompt_cache(model, at: int) -> RowKV:
     return kv
 
 
-def timed_prompt_pass(runner, kvs: list[RowKV], prompt: RowKV | None, chunk: int, choices=None) -> float:
+def timed_prompt_pass(runner, kvs: list[RowKV], prompt: RowKV | None, chunk: int) -> float:
     """Seconds for one pass of the decoding rows `kvs` and a `chunk`-token piece of `prompt`
-    (either may be absent), with the runner's forward choices or `choices`; then every cache is
-    trimmed back."""
+    (either may be absent); then every cache is trimmed back."""
     rows = [RowInput(mx.array([11]), 1, kv, True) for kv in kvs]
     if prompt is not None:
         rows.append(RowInput(mx.array([13] * chunk), chunk, prompt, True))
     start = time.perf_counter()
-    mx.eval(mx.argmax(forward(runner.model, rows, runner.compiled, choices or runner.choices), axis=-1))
+    mx.eval(mx.argmax(forward(runner.model, rows, runner.compiled, runner.choices), axis=-1))
     elapsed = time.perf_counter() - start
     for r in rows:
         r.kv.trim(r.n)
@@ -137,13 +135,11 @@ def prompt_cases(loaded, args) -> list[dict]:
     def fused(q, keys, values, scale):
         return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask="causal")
 
-    one_pass = replace(runner.choices, split_steps=False)
     results = []
     for n in args.prompt:
         cases = {"decode": lambda: timed_prompt_pass(runner, kvs, None, n),
                  "prompt": lambda: timed_prompt_pass(runner, [], prompt, n),
                  "mixed": lambda: timed_prompt_pass(runner, kvs, prompt, n),
-                 "mixed, one pass": lambda: timed_prompt_pass(runner, kvs, prompt, n, one_pass),
                  "chunk attention, as served": lambda: timed_chunk_attention(
                      runner.model, n, args.prompt_at, chunk_attention.chunk_attention),
                  "chunk attention, fused": lambda: timed_chunk_attention(runner.model, n, args.prompt_at, fused),

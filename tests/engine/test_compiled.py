@@ -180,7 +180,7 @@ def test_a_prompt_chunk_beside_decoding_rows_through_seams_matches_eager(monkeyp
         forward(model, [RowInput(mx.arange(1, 11, dtype=mx.int32), 10, prompt, False)])
         rows = [RowInput(mx.array([30 + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
         rows.append(RowInput((mx.arange(chunk, dtype=mx.int32) * 7) % 250 + 1, chunk, prompt, True))
-        logits = forward(model, rows, compiled, ForwardChoices(compile_max_tokens=320, split_steps=False))
+        logits = forward(model, rows, compiled, ForwardChoices(compile_max_tokens=320))
         after = forward(model, [RowInput(mx.array([5], dtype=mx.int32), 1, prompt, True)])
         return np.array(logits.astype(mx.float32)), np.array(after.astype(mx.float32)), prompt.offset
 
@@ -188,36 +188,4 @@ def test_a_prompt_chunk_beside_decoding_rows_through_seams_matches_eager(monkeyp
     assert traced == [compiled_mod.padded_length(3 + chunk)]
     assert compiled[2] == eager[2] == 10 + chunk + 1
     for a, b in zip(compiled[:2], eager[:2]):
-        np.testing.assert_allclose(a, b, atol=2e-3, rtol=2e-3)
-
-
-@pytest.mark.parametrize("chunk_first", [False, True], ids=["decoding-rows-first", "chunk-first"])
-@pytest.mark.parametrize("chunk", [6, 70], ids=["seams", "eager"])
-def test_decoding_rows_beside_a_chunk_run_as_their_whole_step_then_the_chunk(monkeypatch, chunk, chunk_first):
-    # Split: the rows' compiled decode step, then the chunk as a pass of its own (through seams when
-    # short). The same logits in the rows' order, lengths and the chunk's cache as one eager pass.
-    model = tiny_qwen3(True, head_dim=32)
-    steps = []
-    step = CompiledBlocks.step
-    monkeypatch.setattr(CompiledBlocks, "step", lambda self, *a: steps.append(a[2]) or step(self, *a))
-
-    def mixed(compiled):
-        kv, prompt = _batch(model), RowKV(len(model.model.layers))
-        forward(model, [RowInput(mx.arange(1, 11, dtype=mx.int32), 10, prompt, False)])
-        rows = [RowInput(mx.array([30 + i], dtype=mx.int32), 1, c, True) for i, c in enumerate(kv)]
-        chunk_row = RowInput((mx.arange(chunk, dtype=mx.int32) * 7) % 250 + 1, chunk, prompt, True, logits=2)
-        rows = [chunk_row] + rows if chunk_first else rows + [chunk_row]
-        logits = forward(model, rows, compiled, as_on_a_gpu())
-        after = forward(model, [RowInput(mx.array([5], dtype=mx.int32), 1, prompt, True)])
-        return (np.array(logits.astype(mx.float32)), np.array(after.astype(mx.float32)),
-                [c.length for c in kv], prompt.offset)
-
-    eager = mixed(None)
-    assert not steps
-    split = mixed(CompiledBlocks())
-    assert len(steps) == 1  # the decoding rows' step, compiled once
-    assert split[2] == eager[2] == [5 + 2, 9 + 2, 14 + 2]
-    assert split[3] == eager[3] == 10 + chunk + 1
-    assert split[0].shape == eager[0].shape and split[0].shape[0] == 3 + 2
-    for a, b in zip(split[:2], eager[:2]):
         np.testing.assert_allclose(a, b, atol=2e-3, rtol=2e-3)

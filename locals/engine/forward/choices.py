@@ -43,10 +43,6 @@ class ForwardChoices:
     # A pure decode step as one compiled graph; False runs it as compiled seams between attention
     # calls (docs/benchmarks-log.md, "A decode step as one compiled graph").
     whole_steps: bool = True
-    # A pass with decoding rows beside a prompt chunk: the rows as their compiled decode step, the
-    # chunk as a pass of its own; False reads both in one pass (docs/benchmarks-log.md, "Decode steps
-    # beside prompt chunks").
-    split_steps: bool = True
     # Passes up to this many tokens run compiled (0: none; the CPU's default).
     compile_max_tokens: int = field(default_factory=lambda: default_compile_max_tokens())
     # Up to how many tokens a pass runs a layer's joined q/k/v and gate/up matmuls (forward/fuse.py);

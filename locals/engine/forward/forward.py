@@ -67,10 +67,6 @@ def _ragged(model, rows: list[RowInput], compiled: CompiledBlocks | None, choice
         logits = _whole_step(model, rows, plan, compiled, choices)
         if logits is not None:
             return logits
-    if compiled is not None and choices.split_steps and _split_fits(plan, rows, choices):
-        logits = _split(model, rows, plan, compiled, choices)
-        if logits is not None:
-            return logits
     # Short passes run as compiled seams, padded so that the seams meet few lengths.
     total = sum(r.n for r in rows)
     short = compiled is not None and 0 < total <= choices.compile_max_tokens
@@ -127,38 +123,6 @@ def _whole_step_fits(plan: BatchPlan, rows: list[RowInput], choices: ForwardChoi
     each sampled once."""
     return (choices.whole_steps and bool(plan.rows) and len(plan.rows) == len(rows) and plan.width == 1
             and len(rows) <= choices.compile_max_tokens and all(r.sample and r.logits == 1 for r in rows))
-
-
-def _split_fits(plan: BatchPlan, rows: list[RowInput], choices: ForwardChoices) -> bool:
-    """Whether the pass is a pure decode step beside rows on caches of their own (prompt chunks)."""
-    batched = {id(r) for r in plan.rows}
-    decoding = [r for r in rows if id(r) in batched]
-    return 0 < len(decoding) < len(rows) and _whole_step_fits(plan, decoding, choices)
-
-
-def _split(model, rows: list[RowInput], plan: BatchPlan, compiled: CompiledBlocks,
-           choices: ForwardChoices) -> mx.array | None:
-    """The decoding rows as their compiled decode step, then the other rows (prompt chunks) as a
-    pass of their own: logits in `rows`' order, as one pass gives them. None (nothing done) when
-    the step's shape is not compiled yet."""
-    batched = {id(r) for r in plan.rows}
-    decoding = [r for r in rows if id(r) in batched]
-    first = _whole_step(model, decoding, plan, compiled, choices)
-    if first is None:
-        return None
-    others = [r for r in rows if id(r) not in batched]
-    rest = _ragged(model, others, compiled, choices)
-    sampled = [r for r in others if r.sample]
-    if not sampled:
-        return first
-    logits = mx.concatenate([first, rest])
-    # Rows sample in `rows`' order; the decoding rows' logits came first.
-    at, starts = 0, {}
-    for r in decoding + sampled:
-        starts[id(r)] = at
-        at += r.logits
-    order = [starts[id(r)] + j for r in rows if r.sample for j in range(r.logits)]
-    return logits if order == list(range(at)) else logits[mx.array(order)]
 
 
 def _whole_step(model, rows: list[RowInput], plan: BatchPlan, compiled: CompiledBlocks,
