@@ -256,13 +256,18 @@ class Engine:
                 if idle:
                     self.counters.intervals.waited()
                 warming = idle and self.warmer is not None and self.warmer.due(time.perf_counter() - idle_since)
+                gaps = self.counters.gaps
                 if warming and self._inbox.empty():
                     self.warmer.warm(0.0)  # one shape: a request arriving now waits for one trace at most
+                    gaps.mark("compiling ahead")
                 # A bounded slice of the prompt cache's copy to host for disk (never a whole
                 # prefix in one go: every running stream would stall on it).
                 copying = self._pump is not None and self._pump(idle)
+                gaps.mark("disk copy")
                 self._drain(block=idle and not copying and not warming)
+                gaps.mark("inbox")
                 self._admit()
+                gaps.mark("admit")
                 waits = launched is not None
                 masks, drafts = waits and self._sync_for_masks(), waits and self._sync_for_drafts()
                 if masks and not drafts and self._masks_can_follow():
@@ -323,6 +328,7 @@ class Engine:
         except Exception as exc:
             self._fail_step(slots, exc)
             begun = None
+        self.counters.gaps.mark("build")
         self.counters.masks_after_total += begun is not None  # counted before `step` emits events
         self._process(step)
         if begun is None:
@@ -332,6 +338,8 @@ class Engine:
         except Exception as exc:
             self._fail_step(begun.slots, exc)
             return None
+        finally:
+            self.counters.gaps.mark("build")
         self.counters.steps += 1
         return launched
 
@@ -415,6 +423,8 @@ class Engine:
         except Exception as exc:
             self._fail_step(slots, exc)
             return None
+        finally:
+            self.counters.gaps.mark("build")
         if step is not None:
             self.counters.steps += 1
         return step
@@ -428,6 +438,9 @@ class Engine:
 
     def _process(self, step: Launched) -> None:
         try:
+            if step.sampled is not None:  # the device's part of the read apart, for long gaps' phases
+                mx.eval(step.sampled.tokens)
+                self.counters.gaps.mark("device")
             first = self.runner.process(step)
         except Exception as exc:
             log.exception("reading an engine step failed")
@@ -436,7 +449,8 @@ class Engine:
             return
         now = time.perf_counter()
         self.counters.note_step(now - step.started, step, self.runner.compiled.uncompiled_passes)
-        self.counters.intervals.add(now, step.prefill_tokens)
+        self.counters.gaps.read(self.counters.intervals.add(now, step.prefill_tokens), len(step.slots),
+                                step.prefill_tokens)
         self.counters.decode.add(step.emitted, now, step.started)
         self.counters.drafted_tokens_total += step.drafted
         self.counters.accepted_tokens_total += step.accepted
@@ -461,6 +475,7 @@ class Engine:
             seq.kv.release()
             seq.kv = None  # the KV goes as soon as no queued step needs it
         self._kv_bytes = sum(s.kv.nbytes for s in self._active)
+        self.counters.gaps.mark("end rows")
 
     def _insert_prefix(self, seq: Sequence, n: int) -> None:
         try:

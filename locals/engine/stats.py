@@ -14,6 +14,9 @@ log = logging.getLogger("locals.engine.engine")
 # can be checked for waits on a kernel compiled on first use or a graph traced (docs/arch/engine.md,
 # "Shapes").
 SLOW_STEP_S = 2.0
+# A gap between two step reads this long is one a decoding row sees as a stall (the served gap
+# bar is 50 ms): counted with where the engine loop spent it, and logged.
+LONG_GAP_S = 0.1
 
 
 class RateMeter:
@@ -56,11 +59,13 @@ class StepIntervals:
         """The engine waited for work: the next read's interval is no gap a row saw."""
         self._last = None
 
-    def add(self, now: float, prompt_tokens: int) -> None:
-        """One step read at `now`."""
-        if self._last is not None:
-            self._kinds["with_prompt" if prompt_tokens else "decode"].append(now - self._last)
+    def add(self, now: float, prompt_tokens: int) -> float | None:
+        """One step read at `now`: the gap since the read before (None after a wait for work)."""
+        gap = None if self._last is None else now - self._last
+        if gap is not None:
+            self._kinds["with_prompt" if prompt_tokens else "decode"].append(gap)
         self._last = now
+        return gap
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per kind: steps counted and their interval p50, p99 and max in ms."""
@@ -72,6 +77,45 @@ class StepIntervals:
                 out[kind] = {"steps": len(ordered), "p50_ms": round(at(0.5) * 1e3, 1),
                              "p99_ms": round(at(0.99) * 1e3, 1), "max_ms": round(ordered[-1] * 1e3, 1)}
         return out
+
+
+class GapClock:
+    """Where the engine loop spent the time between two step reads, by phase (`mark` closes one:
+    the disk tier's copy, admitting requests, building and queuing passes, reading a step, ending
+    finished rows, tracing shapes ahead); a gap of LONG_GAP_S or more is counted, its phases added
+    to the totals `summary` reports and logged with the step read at its end."""
+
+    def __init__(self):
+        self._since = time.perf_counter()
+        self._phases: dict[str, float] = {}
+        self.long_gaps = 0
+        self._long_phases: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        """The time since the last mark was spent in `phase`."""
+        now = time.perf_counter()
+        self._phases[phase] = self._phases.get(phase, 0.0) + now - self._since
+        self._since = now
+
+    def read(self, gap_s: float | None, rows: int, prompt_tokens: int) -> None:
+        """A step was read (its reading marked as "read"); `gap_s` since the read before, None
+        after a wait for work. Starts the next gap's phases."""
+        self.mark("read")
+        phases, self._phases = self._phases, {}
+        if gap_s is None or gap_s < LONG_GAP_S:
+            return
+        self.long_gaps += 1
+        for phase, took in phases.items():
+            self._long_phases[phase] = self._long_phases.get(phase, 0.0) + took
+        spent = ", ".join(f"{phase} {took * 1e3:.0f}" for phase, took in
+                          sorted(phases.items(), key=lambda kv: -kv[1]) if took >= 0.001)
+        log.info("long gap: %.0f ms between step reads (ms: %s; the step read: %d rows, %d prompt tokens)",
+                 gap_s * 1e3, spent, rows, prompt_tokens)
+
+    def summary(self) -> dict:
+        """Long gaps counted and the ms they spent in each phase, the largest first."""
+        ms = {phase: round(took * 1e3, 1) for phase, took in sorted(self._long_phases.items(), key=lambda kv: -kv[1])}
+        return {"count": self.long_gaps, "ms_by_phase": ms}
 
 
 @dataclass
@@ -95,10 +139,12 @@ class Counters:
     decode: RateMeter = field(default_factory=RateMeter)
     prefill: RateMeter = field(default_factory=RateMeter)
     intervals: StepIntervals = field(default_factory=StepIntervals)
+    gaps: GapClock = field(default_factory=GapClock)
 
     def extra(self) -> dict:
         """What `Engine.stats()` reports of these counters in its `extra`."""
         return {"finish_reasons": dict(self.finish_reasons), "step_intervals": self.intervals.summary(),
+                "long_gaps": self.gaps.summary(),
                 "slow_steps": self.slow_steps, "slowest_step_s": round(self.slowest_step_s, 3),
                 "drafted_tokens": self.drafted_tokens_total, "accepted_draft_tokens": self.accepted_tokens_total,
                 "taken_back_tokens": self.taken_back_total, "masks_after_steps": self.masks_after_total}

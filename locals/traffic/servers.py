@@ -101,7 +101,7 @@ def engine_stats(running: Running) -> dict | None:
     except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
         return None
     extra = engine.get("extra", {})
-    wanted = ("step_intervals", "slow_steps", "slowest_step_s", "compiled_shapes", "compiling_ahead",
+    wanted = ("step_intervals", "long_gaps", "slow_steps", "slowest_step_s", "compiled_shapes", "compiling_ahead",
               "uncompiled_passes", "drafted_tokens", "accepted_draft_tokens", "masks_after_steps")
     return {"steps": engine.get("steps"), **{key: extra[key] for key in wanted if key in extra}}
 

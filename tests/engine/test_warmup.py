@@ -14,7 +14,7 @@ from locals.engine.load.backend import detect
 from locals.engine.forward.kv import row_capacity, token_capacity
 from locals.engine.settings import EngineConfig
 from locals.engine.stats import SLOW_STEP_S, Counters, StepIntervals
-from locals.engine import warmup
+from locals.engine import stats as stats_mod, warmup
 from locals.engine.warmup import step_shapes
 from locals.protocol import GenerationRequest, SamplingParams
 
@@ -100,6 +100,31 @@ def test_step_intervals_count_busy_reads_apart_by_kind():
     summary = intervals.summary()
     assert summary["decode"] == {"steps": 100, "p50_ms": 10.0, "p99_ms": 10.0, "max_ms": 10.0}
     assert summary["with_prompt"] == {"steps": 1, "p50_ms": 500.0, "p99_ms": 500.0, "max_ms": 500.0}
+
+
+def test_a_long_gap_between_step_reads_is_counted_and_logged_with_where_the_loop_spent_it(monkeypatch, caplog):
+    now = [100.0]
+    monkeypatch.setattr(stats_mod.time, "perf_counter", lambda: now[0])
+    gaps = stats_mod.GapClock()
+
+    def spend(phase: str, seconds: float) -> None:
+        now[0] += seconds
+        gaps.mark(phase)
+
+    spend("build", 0.01)
+    now[0] += 0.02
+    gaps.read(0.03, rows=8, prompt_tokens=0)  # short: nothing kept
+    spend("disk copy", 0.09)
+    spend("build", 0.005)
+    spend("build", 0.005)
+    now[0] += 0.04
+    with caplog.at_level("INFO", logger="locals.engine.engine"):
+        gaps.read(0.14, rows=8, prompt_tokens=248)
+        spend("admit", 0.3)
+        gaps.read(None, rows=1, prompt_tokens=0)  # after a wait for work: no gap anyone saw
+    assert gaps.summary() == {"count": 1, "ms_by_phase": {"disk copy": 90.0, "read": 40.0, "build": 10.0}}
+    assert caplog.messages == ["long gap: 140 ms between step reads (ms: disk copy 90, read 40, build 10; "
+                               "the step read: 8 rows, 248 prompt tokens)"]
 
 
 def _traces_until_ready(tiny_llama, caplog) -> tuple[list[str], dict]:
