@@ -6,7 +6,8 @@ where C of them bring K tokens (a forced chunk or a draft to verify) instead of 
 Times the engine's forward pass plus reading its logits, evaluated synchronously, interleaved
 over rounds; median and range in ms. Decode-batch chunks: the pure decode pass, the mixed one,
 and the mixed pass's extra time per extra token. A prompt chunk: the decode pass, the chunk
-alone, the two in one pass, the chunk's attention on its own for every layer (random
+alone, the two in one pass (the chunk at the same length each time, and advancing as a served
+prompt's does: new shapes every pass; each with its Python build and queue time apart), the chunk's attention on its own for every layer (random
 queries and keys of its shape) as served (forward/chunk_attention.py) and through MLX's fused
 attention (cuDNN on CUDA, its graph built in the warm-up), which tells the attention's share,
 and every layer's matmuls on B + N random tokens (joined q/k/v, o, joined gate/up, down), which
@@ -67,17 +68,28 @@ def prompt_cache(model, at: int) -> RowKV:
     return kv
 
 
-def timed_prompt_pass(runner, kvs: list[RowKV], prompt: RowKV | None, chunk: int) -> float:
+def timed_prompt_pass(runner, kvs: list[RowKV], prompt: RowKV | None, chunk: int, advance: bool = False,
+                      parts: dict | None = None) -> float:
     """Seconds for one pass of the decoding rows `kvs` and a `chunk`-token piece of `prompt`
-    (either may be absent); then every cache is trimmed back."""
+    (either may be absent); then every cache is trimmed back, except the prompt's with `advance`
+    (its next chunk comes at a new length, as a served prompt's does). `parts` collects the ms spent
+    building the pass in Python and queuing it (`mx.async_eval`), apart from the rest."""
     rows = [RowInput(mx.array([11]), 1, kv, True) for kv in kvs]
     if prompt is not None:
         rows.append(RowInput(mx.array([13] * chunk), chunk, prompt, True))
     start = time.perf_counter()
-    mx.eval(mx.argmax(forward(runner.model, rows, runner.compiled, runner.choices), axis=-1))
+    tokens = mx.argmax(forward(runner.model, rows, runner.compiled, runner.choices), axis=-1)
+    built = time.perf_counter()
+    mx.async_eval(tokens)
+    queued = time.perf_counter()
+    mx.eval(tokens)
     elapsed = time.perf_counter() - start
+    if parts is not None:
+        parts.setdefault("build", []).append((built - start) * 1e3)
+        parts.setdefault("queue", []).append((queued - built) * 1e3)
     for r in rows:
-        r.kv.trim(r.n)
+        if not (advance and r.kv is prompt):
+            r.kv.trim(r.n)
     return elapsed
 
 
@@ -137,9 +149,13 @@ def prompt_cases(loaded, args) -> list[dict]:
 
     results = []
     for n in args.prompt:
+        moving = prompt_cache(runner.model, args.prompt_at)
+        parts = {"mixed": {}, "mixed, chunk advancing": {}}
         cases = {"decode": lambda: timed_prompt_pass(runner, kvs, None, n),
                  "prompt": lambda: timed_prompt_pass(runner, [], prompt, n),
-                 "mixed": lambda: timed_prompt_pass(runner, kvs, prompt, n),
+                 "mixed": lambda: timed_prompt_pass(runner, kvs, prompt, n, parts=parts["mixed"]),
+                 "mixed, chunk advancing": lambda: timed_prompt_pass(runner, kvs, moving, n, advance=True,
+                                                                     parts=parts["mixed, chunk advancing"]),
                  "chunk attention, as served": lambda: timed_chunk_attention(
                      runner.model, n, args.prompt_at, chunk_attention.chunk_attention),
                  "chunk attention, fused": lambda: timed_chunk_attention(runner.model, n, args.prompt_at, fused),
@@ -150,6 +166,7 @@ def prompt_cases(loaded, args) -> list[dict]:
         for _ in range(args.rounds):
             for name, case in cases.items():
                 samples[name].append(case() * 1e3)
+        samples.update({f"{case}, {part}": v[1:] for case, by_part in parts.items() for part, v in by_part.items()})
         results.append({"prompt": n, "prompt_at": args.prompt_at, **{
             f"{k}_ms": {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
             for k, v in samples.items()}})
