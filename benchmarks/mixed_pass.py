@@ -6,12 +6,13 @@ where C of them bring K tokens (a forced chunk or a draft to verify) instead of 
 Times the engine's forward pass plus reading its logits, evaluated synchronously, interleaved
 over rounds; median and range in ms. Decode-batch chunks: the pure decode pass, the mixed one,
 and the mixed pass's extra time per extra token. A prompt chunk: the decode pass, the chunk
-alone, the two in one pass (the chunk at the same length each time, and advancing as a served
-prompt's does: new shapes every pass; each with its Python build and queue time apart), the chunk's attention on its own for every layer (random
-queries and keys of its shape) as served (forward/chunk_attention.py) and through MLX's fused
-attention (cuDNN on CUDA, its graph built in the warm-up), which tells the attention's share,
-and every layer's matmuls on B + N random tokens (joined q/k/v, o, joined gate/up, down), which
-tells theirs.
+alone, the two in one pass (the chunk at the same length each time; and advancing as a served
+prompt's does, new shapes every pass, its caches growing by mlx-lm's 256 positions or with room
+for the prompt reserved as the engine does; each with its Python build and queue time apart),
+the chunk's attention on its own for every layer (random queries and keys of its shape) as
+served (forward/chunk_attention.py) and through MLX's fused attention (cuDNN on CUDA, its graph
+built in the warm-up), which tells the attention's share, and every layer's matmuls on B + N
+random tokens (joined q/k/v, o, joined gate/up, down), which tell theirs.
     python benchmarks/mixed_pass.py [--random-model qwen3-4b] [--batch 8] [--chunk-rows 4] [--chunk 4]
     python benchmarks/mixed_pass.py --random-model qwen3-4b --batch 8 --context 6000 --prompt 24,56,120,248 --prompt-at 4096
 """
@@ -149,13 +150,16 @@ def prompt_cases(loaded, args) -> list[dict]:
 
     results = []
     for n in args.prompt:
-        moving = prompt_cache(runner.model, args.prompt_at)
-        parts = {"mixed": {}, "mixed, chunk advancing": {}}
+        moving, reserved = prompt_cache(runner.model, args.prompt_at), prompt_cache(runner.model, args.prompt_at)
+        reserved.reserve(args.prompt_at + (args.rounds + 1) * n)  # as the engine does for a whole prompt
+        parts = {"mixed": {}, "mixed, chunk advancing": {}, "mixed, chunk advancing, room reserved": {}}
         cases = {"decode": lambda: timed_prompt_pass(runner, kvs, None, n),
                  "prompt": lambda: timed_prompt_pass(runner, [], prompt, n),
                  "mixed": lambda: timed_prompt_pass(runner, kvs, prompt, n, parts=parts["mixed"]),
                  "mixed, chunk advancing": lambda: timed_prompt_pass(runner, kvs, moving, n, advance=True,
                                                                      parts=parts["mixed, chunk advancing"]),
+                 "mixed, chunk advancing, room reserved": lambda: timed_prompt_pass(
+                     runner, kvs, reserved, n, advance=True, parts=parts["mixed, chunk advancing, room reserved"]),
                  "chunk attention, as served": lambda: timed_chunk_attention(
                      runner.model, n, args.prompt_at, chunk_attention.chunk_attention),
                  "chunk attention, fused": lambda: timed_chunk_attention(runner.model, n, args.prompt_at, fused),

@@ -413,6 +413,7 @@ class Engine:
             kv.load(stored, n)
             del seq.pending[:n]
             seq.cached_tokens = n
+        kv.reserve(len(seq.prompt))  # the prompt's caches allocated once, not at every chunk
         self.counters.prompt_tokens_total += len(seq.prompt)
         self.counters.cached_tokens_total += seq.cached_tokens
         return seq

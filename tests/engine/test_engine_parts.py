@@ -354,6 +354,30 @@ def test_decode_batch_grows_past_a_block(tiny_llama):
         assert mx.allclose(out[i], _plain_last_logits(model, s), atol=1e-4)
 
 
+@pytest.mark.parametrize("cached", [0, 37], ids=["fresh", "after-a-stored-prefix"])
+def test_a_prompt_read_in_chunks_allocates_its_caches_once_and_reads_what_an_unreserved_one_does(
+        tiny_llama, cached):
+    model = tiny_llama.model
+    n_layers = len(model.layers)
+    prompt = [(11 * i) % 500 + 3 for i in range(cached + 3 * 250 + 1)]
+    reserved, plain = RowKV(n_layers), RowKV(n_layers)
+    if cached:  # a stored prefix loaded first, as the prefix cache hands it over
+        stored = RowKV(n_layers)
+        forward(model, [RowInput(mx.array(prompt[:cached]), cached, stored, False)])
+        for kv in (reserved, plain):
+            kv.load(stored.snapshot(), cached)
+    reserved.reserve(len(prompt))
+    buffers = set()
+    for start in range(cached, len(prompt), 250):  # chunks as a prompt is read beside decoding rows
+        chunk = prompt[start:start + 250]
+        out = [forward(model, [RowInput(mx.array(chunk), len(chunk), kv, True)]) for kv in (reserved, plain)]
+        assert mx.allclose(out[0], out[1], atol=1e-5)
+        buffers.add(reserved.layers[0].keys.shape[2])
+    assert buffers == {768 + 256 if cached else 768}  # room for the whole prompt, in 256-position steps, once
+    assert reserved.offset == plain.offset == len(prompt)
+    assert mx.allclose(reserved.layers[1].keys[..., :len(prompt), :], plain.layers[1].keys[..., :len(prompt), :])
+
+
 def test_long_row_decodes_on_its_own_caches_next_to_the_batch(tiny_llama):
     model = tiny_llama.model
     n_layers = len(model.layers)

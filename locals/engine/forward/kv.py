@@ -22,11 +22,38 @@ T_STEP = 256  # the decode batch grows its token axis in blocks of this many pos
 MAX_PADDING = 2
 
 
+class PromptKV(KVCache):
+    """mlx-lm's `KVCache` that takes room for `room` positions at once when it must grow.
+
+    KVCache grows by 256 positions, copying what it holds: a prompt read in chunks of ~250 tokens
+    beside decoding rows (the step budget less the rows) grew, and copied, its caches into buffers
+    of a new size at nearly every chunk (docs/benchmarks-log.md, "Where served gaps go")."""
+
+    room = 0  # positions to allocate when growing (the sequence's prompt, `RowKV.reserve`)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        end = self.offset + keys.shape[2]
+        if end <= self.room and (self.keys is None or end > self.keys.shape[2]):
+            self._grow(keys, values)
+        return super().update_and_fetch(keys, values)
+
+    def _grow(self, keys: mx.array, values: mx.array) -> None:
+        """Buffers for `room` positions (a whole number of steps), holding what this cache holds."""
+        positions = -(-self.room // self.step) * self.step
+        grown = []
+        for old, new in ((self.keys, keys), (self.values, values)):
+            buffer = mx.zeros((*new.shape[:2], positions, new.shape[3]), new.dtype)
+            if old is not None and self.offset:
+                buffer[..., : self.offset, :] = old[..., : self.offset, :]
+            grown.append(buffer)
+        self.keys, self.values = grown
+
+
 class RowKV:
     """The KV of one sequence across all layers: own caches, or a slot in a `DecodeBatch`."""
 
     def __init__(self, n_layers: int, batch: DecodeBatch | None = None):
-        self.layers: list[KVCache] | None = [KVCache() for _ in range(n_layers)]
+        self.layers: list[KVCache] | None = [PromptKV() for _ in range(n_layers)]
         self.batch = batch  # the decode batch this row may join (None: always own caches)
         self.slot: int | None = None  # index in batch.members while resident
         self.length = 0  # tokens held while resident (own caches track their own offset)
@@ -43,6 +70,11 @@ class RowKV:
         """Start from the first `n` tokens of a stored prefix (copy-free slices)."""
         for cache, (keys, values) in zip(self.layers, kv):
             cache.state = (keys[..., :n, :], values[..., :n, :], n)
+
+    def reserve(self, positions: int) -> None:
+        """Let the own caches take room for `positions` at once when they next grow (PromptKV)."""
+        for cache in self.layers or []:
+            cache.room = positions
 
     def trim(self, n: int) -> None:
         """Forget the last `n` positions (rejected draft tokens); later writes overwrite them."""
