@@ -26,8 +26,9 @@ class PromptKV(KVCache):
     """mlx-lm's `KVCache` that takes room for `room` positions at once when it must grow.
 
     KVCache grows by 256 positions, copying what it holds: a prompt read in chunks of ~250 tokens
-    beside decoding rows (the step budget less the rows) grew, and copied, its caches into buffers
-    of a new size at nearly every chunk (docs/benchmarks-log.md, "Where served gaps go")."""
+    beside decoding rows (the step budget less the rows) grew, and copied, its caches into new
+    buffers of a new size at nearly every chunk, in the steps where served gaps were longest
+    (docs/benchmarks-log.md, "Where the served gaps go")."""
 
     room = 0  # positions to allocate when growing (the sequence's prompt, `RowKV.reserve`)
 
@@ -38,8 +39,10 @@ class PromptKV(KVCache):
         return super().update_and_fetch(keys, values)
 
     def _grow(self, keys: mx.array, values: mx.array) -> None:
-        """Buffers for `room` positions (a whole number of steps), holding what this cache holds."""
-        positions = -(-self.room // self.step) * self.step
+        """Buffers for `room` positions, holding what this cache holds. Sized as the decode batch's
+        capacities (`token_capacity`): a few sizes, so a finished prompt's freed buffers serve the
+        next prompts from MLX's buffer cache instead of fresh device memory."""
+        positions = token_capacity(self.room)
         grown = []
         for old, new in ((self.keys, keys), (self.values, values)):
             buffer = mx.zeros((*new.shape[:2], positions, new.shape[3]), new.dtype)
