@@ -73,7 +73,8 @@ def write_results(name: str, data: dict, path: Path | None = None) -> Path:
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     device = "gpu" if mx.default_device() == mx.gpu else "cpu"
-    data = {"benchmark": name, "device": device, "machine": platform.machine(),
+    gpu = dict(mx.device_info()).get("device_name") if device == "gpu" else None
+    data = {"benchmark": name, "device": device, **({"device_name": gpu} if gpu else {}), "machine": platform.machine(),
             "mlx": mx.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
             "mlx_env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")},
             "locals_env": {k: v for k, v in os.environ.items()

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from paper import page_text  # noqa: E402
 from paper.headline import headline_table  # noqa: E402
 from paper.markdown import Section  # noqa: E402
-from paper.results import DEVICE_LABEL, REPO, RESULTS, Result, load_results  # noqa: E402
+from paper.results import REPO, RESULTS, Result, load_results  # noqa: E402
 from paper.sections_engine import batch_decode, long_prompt, rewrite  # noqa: E402
 from paper.sections_more import agent_turns, constraint, kernels  # noqa: E402
 from paper.sections_runs import diagnostics, long_window, team_run, tool_call_parse  # noqa: E402
@@ -89,7 +89,7 @@ def anchor(heading: str) -> str:
 def _runs_line(files: list[Result]) -> str:
     by_device: dict[str, list[str]] = {}
     for f in sorted(files, key=lambda r: r.stamp, reverse=True):
-        by_device.setdefault(DEVICE_LABEL[f.device], []).append(f.date)
+        by_device.setdefault(f.label, []).append(f.date)
     return "Runs: " + "; ".join(f"{device}, {', '.join(dates)}" for device, dates in by_device.items()) + "."
 
 

@@ -38,8 +38,8 @@ def _row(figure: str, machine: str, values: dict[str, str], rate: str, command: 
 def _served_rows(results: list[Result], link: Link, llama: bool) -> list[list[str]]:
     rows = []
     for device, model in SERVED:
-        machine = f"{DEVICE_LABEL[device]}, {model_label(model)}"
         f = newest_served(results, device, model)
+        machine = f"{f.label if f else DEVICE_LABEL[device]}, {model_label(model)}"
         if f is None:
             rows.append(_row("served output tok/s and TTFT", machine, {OURS: NOT_MEASURED}, "–", HOW[device],
                              link("served_traffic"), llama))
@@ -62,7 +62,7 @@ def _parse_rows(results: list[Result], link: Link, llama: bool) -> list[list[str
         return [_row("tool-call parse rate", f"{DEVICE_LABEL['cpu']}, {model_label('smollm2')}",
                      {OURS: NOT_MEASURED}, "–", PARSE_COMMAND, link("constraint"), llama)]
     rates = f.data[PARSE_KEY]
-    return [_row(f"tool-call parse rate, {rates['requests']} replies", f"{DEVICE_LABEL[f.device]}, "
+    return [_row(f"tool-call parse rate, {rates['requests']} replies", f"{f.label}, "
                  f"{model_label(str(f.data.get('model')))}", {OURS: f"{rates['constrained'] * 100:.0f}%",
                                                               PEER: f"{rates['free'] * 100:.0f}% (no constraint)"},
                  "–", f.command(), link("constraint"), llama)]

@@ -25,6 +25,7 @@ BENCH_KIND = "serve_traffic"
 # measuring machine): left out of the command shown.
 OUTPUT_FLAGS = ("--out", "-o")
 DEVICE_LABEL = {"gpu": "H200", "cpu": "CPU (2 shared x86 cores)"}
+GPU_LABELS = ("H100", "H200")  # as results' device names contain them
 
 # Scripts that do not record their argv: the top-level JSON keys that are their flags' values.
 RECORDED_FLAGS = {
@@ -58,6 +59,17 @@ class Result:
         if self.from_cli:
             return "cpu" if self.data.get("backend") == "cpu" else "gpu"
         return NAME.match(self.name)["device"]
+
+    @property
+    def label(self) -> str:
+        """The machine as tables name it: the GPU the result records (H100, H200; GPU results
+        from before they recorded one ran on an H200), else `DEVICE_LABEL`'s."""
+        if self.device != "gpu":
+            return DEVICE_LABEL[self.device]
+        machine = self.data.get("machine")
+        name = self.data.get("device_name") or (
+            (machine.get("device_info") or {}).get("device_name", "") if isinstance(machine, dict) else "")
+        return next((gpu for gpu in GPU_LABELS if gpu in (name or "")), DEVICE_LABEL["gpu"])
 
     @property
     def stamp(self) -> str:

@@ -64,7 +64,7 @@ def team_run(results: list[Result]) -> Section:
                          str(row.get("passed", "–"))])
     args = f.data.get("args", {})
     sec.parts += [
-        f"**Table: a team of agents on one task, {DEVICE_LABEL[f.device]}** — `locals run` "
+        f"**Table: a team of agents on one task, {f.label}** — `locals run` "
         f"on \"{f.data.get('task')}\" with the check `{f.data.get('check')}`, served by each server in turn; "
         f"{args.get('rounds')} round(s), up to {args.get('max_steps')} steps an agent and "
         f"{args.get('max_tokens')} tokens a reply; median (range) over rounds.",
@@ -96,7 +96,7 @@ def _window_table(f: Result) -> list[str]:
                      "(the baseline)" if scaling == "none" else _verdict(f, scaling, window)])
     return [
         f"**Table: RoPE stretches of the embedded SmolLM2-135M ({f.data.get('trained')}-token window), "
-        f"{DEVICE_LABEL[f.device]}** — {f.data.get('samples')} samples of {f.data.get('text')} at each length; "
+        f"{f.label}** — {f.data.get('samples')} samples of {f.data.get('text')} at each length; "
         "each cell: needles found / hidden, then the text's perplexity; a stretch to window W is measured at "
         "every length up to W.",
         table(["scaling", "window", *[f"{n} tokens" for n in lengths], "verdict"], body),
@@ -132,7 +132,7 @@ def diagnostics(results: list[Result], shown: set[str]) -> Section:
     others = [r for r in results if r.benchmark not in shown and (REPO / "benchmarks" / f"{r.benchmark}.py").is_file()]
     for f in sorted(newest_by(others, lambda r: (r.benchmark, r.device)), key=lambda r: (r.benchmark, r.device)):
         sec.use([f])
-        body.append([f"`{f.benchmark}`", _purpose(f.benchmark), DEVICE_LABEL[f.device], f.date,
+        body.append([f"`{f.benchmark}`", _purpose(f.benchmark), f.label, f.date,
                      f"`{f.command()}`"])
     if body:
         sec.parts.append(table(["benchmark", "what it measures", "machine", "newest run", "command"], body))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from locals.traffic.report import rounds_text
+from locals.traffic.report import rounds_done, rounds_text
 from paper.markdown import Section, table
 from paper.results import DEVICE_LABEL, Result, fmt, fmt_range, med, of, source_line
 
@@ -45,8 +45,8 @@ def machine_label(f: Result) -> str:
     """The machine a report ran on, from what it recorded (device name, cores, memory)."""
     info = f.data.get("machine")
     if not isinstance(info, dict):
-        return DEVICE_LABEL[f.device]
-    name = (info.get("device_info") or {}).get("device_name") or DEVICE_LABEL[f.device]
+        return f.label
+    name = (info.get("device_info") or {}).get("device_name") or f.label
     memory = f"{info['memory_bytes'] / 2**30:.0f} GiB" if info.get("memory_bytes") else "memory not recorded"
     return f"{name} ({info.get('cpu_count', '?')} CPU cores, {memory})"
 
@@ -115,7 +115,7 @@ def _caption(f: Result) -> str:
     busy = f.data.get("other_cpu_percent_before")
     warn = (f" Other processes used {busy:.0f}% of the CPU as the run began: the figures measure them too."
             if isinstance(busy, (int, float)) and busy > BUSY_PERCENT else "")
-    return (f"**Table: served traffic, {DEVICE_LABEL[f.device]}** — {machine_label(f)}; "
+    return (f"**Table: served traffic, {f.label}** — {machine_label(f)}; "
             f"{model_label(served_model(f))}, the same weights for every server; {_workload(f)}. "
             f"Median (range) over {rounds_text(f.data)} (TTFT and gap pairs: medians); "
             f"{OURS} / peer of the medians, below 1 better for times, above 1 for rates.{_kernels(f)}{warn}")
@@ -144,7 +144,7 @@ def _kernels(f: Result) -> str:
 def served_traffic(results: list[Result]) -> Section:
     sec = Section("served_traffic")
     for device in DEVICES:
-        files = _comparisons(of(results, "serve_traffic", device))[-1:]
+        files = _warm_first(_comparisons(of(results, "serve_traffic", device)))[-1:]
         if not files:
             sec.parts.append(f"*{DEVICE_LABEL[device]}: not measured yet* (no served-traffic report in "
                              f"`benchmarks/results/` when this was generated; `{HOW[device]}` writes one).")
@@ -163,9 +163,19 @@ def _comparisons(files: list[Result]) -> list[Result]:
     return [f for f in files if OURS in f.data.get("summary", {}) and len(f.data["summary"]) > 1]
 
 
+# Rounds a report needs to be the one shown: medians of warm rounds, as the bars are stated.
+WARM_ROUNDS = 3
+
+
+def _warm_first(files: list[Result]) -> list[Result]:
+    """`files` (oldest first), only those with WARM_ROUNDS rounds done where any has: a single cold
+    round is recorded in benchmarks-log.md, not shown as the served figures."""
+    return [f for f in files if rounds_done(f.data) >= WARM_ROUNDS] or files
+
+
 def newest_served(results: list[Result], device: str, model: str) -> Result | None:
-    """The newest served-traffic report of `model` on `device`, if any."""
-    files = [f for f in _comparisons(of(results, "serve_traffic", device)) if served_model(f) == model]
+    """The newest served-traffic report of `model` on `device` (of warm rounds, `_warm_first`), if any."""
+    files = _warm_first([f for f in _comparisons(of(results, "serve_traffic", device)) if served_model(f) == model])
     return files[-1] if files else None
 
 

@@ -137,6 +137,10 @@ class ShapeWarmer:
         self._run([RowInput(mx.zeros((2,), mx.int32), 2, first, False)])  # real K/V widths for the batch
         batch.join(first)
         batch.reserve(slots, t_cap)
+        # Every layer reads and writes one placeholder array: the traced graph takes its shapes, not
+        # its memory, and a batch of 36 layers at 16k positions is gigabytes to fill for nothing (on
+        # CUDA, fresh unified memory at that).
+        batch.kv[:] = [batch.kv[0]] * len(batch.kv)
         for slot in range(1, rows):
             row = RowKV(n_layers, batch)
             row.slot, row.length, row.layers = slot, 2, None

@@ -195,3 +195,30 @@ def test_batch_table_fills_batch_sizes_only_from_runs_with_the_same_tuning_table
     assert [f.name for f in batch_files([unrecorded, other, same, newest])] == [newest.name, same.name]
     # No table (a CPU) and none recorded (older files) are the same setup.
     assert [f.name for f in batch_files([unrecorded, other])] == [other.name, unrecorded.name]
+
+
+def test_a_gpu_result_is_labelled_with_the_gpu_it_records():
+    from paper.results import Result
+
+    def result(name: str, data: dict) -> Result:
+        return Result(Path(name), data)
+
+    assert result("mixed_pass-gpu-20260101-000000.json", {"device_name": "NVIDIA H100 80GB HBM3"}).label == "H100"
+    served = {"machine": {"device_info": {"device_name": "NVIDIA H200"}}}
+    assert result("serve_traffic-gpu-20260101-000000.json", served).label == "H200"
+    assert result("step_profile-gpu-20260101-000000.json", {"machine": "x86_64"}).label == "H200"  # before names
+    assert result("mixed_pass-cpu-20260101-000000.json", {}).label == "CPU (2 shared x86 cores)"
+
+
+def test_the_served_figures_come_from_the_newest_report_of_warm_rounds():
+    from paper.results import Result
+    from paper.sections_served import newest_served
+
+    def report(day: int, rounds: int) -> Result:
+        wait = {"wait_s": {"median": 1.0, "min": 1.0, "max": 1.0, "n": rounds}}  # medians of `rounds` rounds
+        return Result(Path(f"serve_traffic-gpu-202601{day:02d}-000000.json"),
+                      {"model": "qwen3-4b", "rounds": rounds, "summary": {"locals": {"8": wait}, "mlx_lm.server": {"8": wait}}})
+
+    warm, cold = report(1, 3), report(2, 1)
+    assert newest_served([warm, cold], "gpu", "qwen3-4b") is warm  # a single cold round is no headline
+    assert newest_served([cold], "gpu", "qwen3-4b") is cold  # unless it is all there is
