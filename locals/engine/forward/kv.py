@@ -20,6 +20,7 @@ T_STEP = 256  # the decode batch grows its token axis in blocks of this many pos
 # A row joins the decode batch only while the padded batch stays within this factor of its
 # rows' own KV (plus one block each): a long row among short ones decodes on its own caches.
 MAX_PADDING = 2
+ROOM_STEP = 1024  # a prompt's own caches are sized in multiples of this many positions (PromptKV)
 
 
 class PromptKV(KVCache):
@@ -39,10 +40,10 @@ class PromptKV(KVCache):
         return super().update_and_fetch(keys, values)
 
     def _grow(self, keys: mx.array, values: mx.array) -> None:
-        """Buffers for `room` positions, holding what this cache holds. Sized as the decode batch's
-        capacities (`token_capacity`): a few sizes, so a finished prompt's freed buffers serve the
-        next prompts from MLX's buffer cache instead of fresh device memory."""
-        positions = token_capacity(self.room)
+        """Buffers for `room` positions, holding what this cache holds; rounded up to a multiple of
+        ROOM_STEP, so prompts of similar lengths meet the same sizes and a finished prompt's freed
+        buffers can serve the next from MLX's buffer cache, at most ROOM_STEP - 1 positions over."""
+        positions = -(-self.room // ROOM_STEP) * ROOM_STEP
         grown = []
         for old, new in ((self.keys, keys), (self.values, values)):
             buffer = mx.zeros((*new.shape[:2], positions, new.shape[3]), new.dtype)
