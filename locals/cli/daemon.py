@@ -152,6 +152,9 @@ def status(
         compiles = compiles_line(engine.get("extra") or {})
         if compiles:
             table.add_row("compiles", compiles)
+        gaps = gaps_line(engine.get("extra") or {})
+        if gaps:
+            table.add_row("stalls", gaps)
     console.print(table)
 
 
@@ -186,6 +189,17 @@ def compiles_line(extra: dict) -> str | None:
     if slow:
         line += f"; {slow} steps of 2 s or more (longest {float(extra.get('slowest_step_s') or 0):.1f} s)"
     return line
+
+
+def gaps_line(extra: dict) -> str | None:
+    """Gaps of 100 ms or more between two steps (every decoding stream stalled that long) and
+    where the engine spent most of them, or None when there were none."""
+    gaps = extra.get("long_gaps") or {}
+    count, phases = int(gaps.get("count") or 0), gaps.get("ms_by_phase") or {}
+    if not count:
+        return None
+    top = ", ".join(f"{phase} {ms / 1e3:.1f} s" for phase, ms in list(phases.items())[:2])
+    return f"{count} gaps of 100 ms or more between steps ({top})"
 
 
 def register(app: typer.Typer) -> None:

@@ -57,6 +57,14 @@ def test_status_says_what_compiling_ahead_has_done():
         "81 shapes ahead in 51 s (all compiled); 0 passes ran uncompiled; 2 steps of 2 s or more (longest 31.1 s)")
 
 
+def test_status_says_how_often_streams_stalled_and_where():
+    from locals.cli.daemon import gaps_line
+
+    assert gaps_line({}) is None and gaps_line({"long_gaps": {"count": 0, "ms_by_phase": {}}}) is None
+    gaps = {"count": 31, "ms_by_phase": {"build": 4866.2, "disk copy": 212.4, "admit": 138.9}}
+    assert gaps_line({"long_gaps": gaps}) == "31 gaps of 100 ms or more between steps (build 4.9 s, disk copy 0.2 s)"
+
+
 def test_status_says_what_the_kernels_are_doing():
     from locals.cli.daemon import kernels_line
 
