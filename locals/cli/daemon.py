@@ -192,14 +192,14 @@ def compiles_line(extra: dict) -> str | None:
 
 
 def gaps_line(extra: dict) -> str | None:
-    """Gaps of 100 ms or more between two steps (every decoding stream stalled that long) and
-    where the engine spent most of them, or None when there were none."""
+    """Stalls between two steps (gaps of 100 ms or more and twice the typical one, engine/stats.py:
+    every decoding stream waited that long) and where the engine spent most of them, or None."""
     gaps = extra.get("long_gaps") or {}
     count, phases = int(gaps.get("count") or 0), gaps.get("ms_by_phase") or {}
     if not count:
         return None
     top = ", ".join(f"{phase} {ms / 1e3:.1f} s" for phase, ms in list(phases.items())[:2])
-    return f"{count} gaps of 100 ms or more between steps ({top})"
+    return f"{count} between steps ({top})"
 
 
 def register(app: typer.Typer) -> None:

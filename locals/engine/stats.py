@@ -14,9 +14,12 @@ log = logging.getLogger("locals.engine.engine")
 # can be checked for waits on a kernel compiled on first use or a graph traced (docs/arch/engine.md,
 # "Shapes").
 SLOW_STEP_S = 2.0
-# A gap between two step reads this long is one a decoding row sees as a stall (the served gap
-# bar is 50 ms): counted with where the engine loop spent it, and logged.
+# A gap between two step reads this long, and at least STALL_FACTOR times the typical gap, is one a
+# decoding row sees as a stall (the served gap bar is 50 ms): counted with where the engine loop
+# spent it, and logged. The factor keeps a CPU, where a step can take 100 ms by itself, from
+# counting every step.
 LONG_GAP_S = 0.1
+STALL_FACTOR = 2.0
 
 
 class RateMeter:
@@ -82,14 +85,16 @@ class StepIntervals:
 class GapClock:
     """Where the engine loop spent the time between two step reads, by phase (`mark` closes one:
     the disk tier's copy, admitting requests, building and queuing passes, reading a step, ending
-    finished rows, tracing shapes ahead); a gap of LONG_GAP_S or more is counted, its phases added
-    to the totals `summary` reports and logged with the step read at its end."""
+    finished rows, tracing shapes ahead); a long gap (LONG_GAP_S or more and STALL_FACTOR times the
+    typical one, a moving average) is counted, its phases added to the totals `summary` reports
+    and logged with the step read at its end."""
 
     def __init__(self):
         self._since = time.perf_counter()
         self._phases: dict[str, float] = {}
         self.long_gaps = 0
         self._long_phases: dict[str, float] = {}
+        self._typical: float | None = None  # moving average of the gaps
 
     def mark(self, phase: str) -> None:
         """The time since the last mark was spent in `phase`."""
@@ -102,7 +107,11 @@ class GapClock:
         after a wait for work. Starts the next gap's phases."""
         self.mark("read")
         phases, self._phases = self._phases, {}
-        if gap_s is None or gap_s < LONG_GAP_S:
+        if gap_s is None:
+            return
+        typical = gap_s if self._typical is None else self._typical
+        self._typical = 0.95 * typical + 0.05 * gap_s
+        if gap_s < max(LONG_GAP_S, STALL_FACTOR * typical):
             return
         self.long_gaps += 1
         for phase, took in phases.items():

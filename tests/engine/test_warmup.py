@@ -127,6 +127,16 @@ def test_a_long_gap_between_step_reads_is_counted_and_logged_with_where_the_loop
                                "the step read: 8 rows, 248 prompt tokens)"]
 
 
+def test_where_every_step_takes_long_only_the_stalls_among_them_are_long_gaps(monkeypatch):
+    monkeypatch.setattr(stats_mod.time, "perf_counter", lambda: 0.0)
+    gaps = stats_mod.GapClock()
+    for _ in range(50):  # a CPU: 300 ms a step, every step
+        gaps.read(0.3, rows=8, prompt_tokens=0)
+    assert gaps.summary()["count"] == 0
+    gaps.read(0.9, rows=8, prompt_tokens=0)  # three steps' worth: a stall
+    assert gaps.summary()["count"] == 1
+
+
 def _traces_until_ready(tiny_llama, caplog) -> tuple[list[str], dict]:
     """What an engine that compiles ahead (a tiny budget) traced before it said ready, and its stats then."""
     engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=8, speculate=False, warm_up_s=1e-6,
