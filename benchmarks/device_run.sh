@@ -35,7 +35,8 @@
 #   mixed       mixed_pass: what forced chunks and drafts add to a B = 8 decode pass
 #   mixedprompt mixed_pass --prompt: prompt chunks of 24, 56, 120 and 248 tokens (after 4,096 cached)
 #               beside 8 rows decoding at 6,000, alone, the chunk's attention as served and fused, and
-#               the pass's matmuls; under $MIXED_TIMEOUT (280) s
+#               the pass's matmuls, and the chunk advancing (caches growing or reserved); under
+#               $MIXED_TIMEOUT (400) s
 #   spread      process_spread: B = 8 and 32 in four fresh processes (the per-process spread)
 #   long        long_prompt: an 8k-token prompt arriving while 4 streams decode
 #   constraint  constraint.py on the embedded model (engine and loop, no compile timings)
@@ -115,7 +116,7 @@ from locals.engine.load.backend import mlx_version; print(table_path(current_chi
     mixed) timeout 120 python3 benchmarks/mixed_pass.py --random-model "$model" --rounds 15 ;;
     spread) timeout "${SPREAD_TIMEOUT:-300}" python3 benchmarks/process_spread.py --random-model "$model" \
       --batches 8,32 --processes 4 ;;
-    mixedprompt) timeout "${MIXED_TIMEOUT:-280}" python3 benchmarks/mixed_pass.py --random-model "$model" --batch 8 \
+    mixedprompt) timeout "${MIXED_TIMEOUT:-400}" python3 benchmarks/mixed_pass.py --random-model "$model" --batch 8 \
         --context 6000 --prompt 24,56,120,248 --prompt-at 4096 --rounds 8 ;;
     long) timeout "${LONG_TIMEOUT:-200}" python3 benchmarks/long_prompt.py --random-model "$model" --long "$long" --rounds 2 ;;
     constraint) timeout "${CONSTRAINT_TIMEOUT:-300}" python3 benchmarks/constraint.py --steps 48 --steps-only \
