@@ -22,6 +22,7 @@ import mlx.core as mx
 from locals.engine.forward.compiled import seam_lengths
 from locals.engine.forward.forward import RowInput, forward
 from locals.engine.forward.kv import DecodeBatch, RowKV, row_capacity, token_capacity
+from locals.engine.kernels import prebuild
 from locals.engine.load.backend import release_memory
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,9 @@ class ShapeWarmer:
     decoding batches. They compile no graph, but on a GPU new to MLX each meets
     kernels MLX compiles on first use, tens of seconds each on an H200 (docs/arch/engine.md,
     "Shapes"); MLX keeps those on disk, so only a machine's first start pays them, and pays them
-    here instead of in its first requests. A CPU compiles no kernels: it skips them."""
+    here instead of in its first requests. A CPU compiles no kernels: it skips them. On CUDA the
+    slowest of them, MLX's quantized-matmul tiles, are built by processes of their own from the
+    moment the warmer exists (kernels/prebuild.py); the passes wait for those first."""
 
     def __init__(self, model, runner, max_batch: int, max_positions: int, kv_positions: int, chunk: int,
                  solo_chunk: int):
@@ -82,6 +85,7 @@ class ShapeWarmer:
                             (self._trace_prefill, (solo_chunk, 2 * solo_chunk)),  # past chunk_attention's composed size
                             *((self._trace_step, (*batch, chunk - batch[0])) for batch in batches)
                             ] if compiles_kernels_on_first_use() else []
+        self._prebuild = prebuild.start(model) if self._uncompiled else None
         self._todo = _interleave(((self._trace_step, s) for s in shapes),
                                  ((self._trace_seams, (n,)) for n in lengths))
         self.traced = 0
@@ -93,6 +97,9 @@ class ShapeWarmer:
         """Run the uncompiled passes (the first call only), then trace shapes until `budget_s` has
         passed or `stop()` (one shape at least), and log where that leaves it; `done` once none remain."""
         start = time.perf_counter()
+        if self._prebuild is not None:
+            self._prebuild.wait()
+            self._prebuild = None
         while self._uncompiled and not stop():
             self._trace(*self._uncompiled.pop(0))
         for trace, shape in self._todo:
