@@ -89,8 +89,10 @@ class Result:
         script = f"python benchmarks/{self.benchmark}.py"
         if isinstance(self.data.get("command"), list):  # a served-traffic report: its argv, so named
             return " ".join([script, *map(shlex.quote, _without_output(self.data["command"]))]).strip()
-        if "argv" in self.data:
-            return " ".join([script, *map(shlex.quote, _without_output(self.data["argv"]))]).strip()
+        if "argv" in self.data:  # with the MLX settings the run changed (not locals' own kernel folder)
+            env = [f"{k}={shlex.quote(v)}" for k, v in sorted((self.data.get("mlx_env") or {}).items())
+                   if k != "MLX_PTX_CACHE_DIR"]
+            return " ".join([*env, script, *map(shlex.quote, _without_output(self.data["argv"]))]).strip()
         if isinstance(self.data.get("args"), dict):
             return " ".join([script, *_flags(self.data["args"])])
         recorded = {k: self.data[k] for k in RECORDED_FLAGS.get(self.benchmark, ()) if k in self.data}

@@ -180,6 +180,17 @@ def test_batch_table_leaves_out_runs_with_mlx_settings_changed():
     assert [f.name for f in sec.files] == [plain.name] and "100.0" in sec.markdown and "999.0" not in sec.markdown
 
 
+def test_a_runs_command_names_the_mlx_settings_it_changed():
+    from paper.results import Result
+
+    argv = ["--prompt", "248", "--out", "results/"]
+    changed = Result(Path("mixed_pass-gpu-20260101-000000.json"),
+                     {"argv": argv, "mlx_env": {"MLX_USE_CUDA_GRAPHS": "0", "MLX_PTX_CACHE_DIR": "/k"}})
+    plain = Result(Path("mixed_pass-gpu-20260102-000000.json"), {"argv": argv, "mlx_env": {"MLX_PTX_CACHE_DIR": "/k"}})
+    assert changed.command() == "MLX_USE_CUDA_GRAPHS=0 python benchmarks/mixed_pass.py --prompt 248"
+    assert plain.command() == "python benchmarks/mixed_pass.py --prompt 248"
+
+
 def test_batch_table_fills_batch_sizes_only_from_runs_with_the_same_tuning_table():
     from paper.results import Result
     from paper.sections_engine import batch_files
