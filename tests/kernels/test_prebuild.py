@@ -57,3 +57,14 @@ def test_tiles_already_on_disk_are_not_built_again(tmp_path):
     (tmp_path / prebuild.MODULE_FILE.format(dtype="bfloat16", rows=64, bits=4, group=64)).write_text("ptx")
     assert prebuild._on_disk(tmp_path, "bfloat16", 4, 64)
     assert not prebuild._on_disk(tmp_path, "bfloat16", 8, 64)
+
+
+def test_a_start_without_a_process_to_be_had_goes_on_without_building_ahead(monkeypatch, caplog):
+    def no_process(*args, **kwargs):
+        raise OSError("no more processes")
+
+    assert prebuild.launch(set()) is None
+    monkeypatch.setattr(prebuild.subprocess, "Popen", no_process)
+    with caplog.at_level(logging.WARNING, logger="locals.engine.kernels.prebuild"):
+        assert prebuild.launch({("bfloat16", 4, 64)}) is None
+    assert "no more processes" in caplog.text

@@ -91,8 +91,18 @@ def start(model) -> Prebuild | None:
     if mx.default_device() != mx.gpu or not mx.cuda.is_available():
         return None
     folder = compiled_kernel_folder()
-    kinds = {kind for kind in quantized_kinds(model) if folder is None or not _on_disk(folder, *kind)}
-    return Prebuild(kinds) if kinds else None
+    return launch({kind for kind in quantized_kinds(model) if folder is None or not _on_disk(folder, *kind)})
+
+
+def launch(kinds: set[tuple[str, int, int]]) -> Prebuild | None:
+    """The processes building `kinds`' tiles; None with none to build or no process to be had."""
+    if not kinds:
+        return None
+    try:
+        return Prebuild(kinds)
+    except OSError as exc:  # the passes build what they need, as before
+        log.warning("cannot build MLX's quantized-matmul kernels ahead (%s); the passes that need them will", exc)
+        return None
 
 
 def _on_disk(folder, dtype: str, bits: int, group: int) -> bool:
