@@ -98,7 +98,7 @@ class ShapeWarmer:
         passed or `stop()` (one shape at least), and log where that leaves it; `done` once none remain."""
         start = time.perf_counter()
         if self._prebuild is not None:
-            self._prebuild.wait()
+            self._prebuild.wait(stop=stop)
             self._prebuild = None
         while self._uncompiled and not stop():
             self._trace(*self._uncompiled.pop(0))

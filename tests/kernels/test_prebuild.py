@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import time
 
 import mlx.core as mx
 import pytest
@@ -47,6 +48,17 @@ def test_a_build_past_its_time_is_stopped_and_the_start_goes_on(monkeypatch, cap
         build.wait(timeout_s=1.0)
     assert all(p.returncode is not None for p in processes)  # killed, not left running
     assert "took over 1 s" in caplog.text
+
+
+def test_a_stop_while_building_ends_the_processes_without_a_warning(monkeypatch, caplog):
+    monkeypatch.setattr(prebuild, "BUILD", "import time; time.sleep(60)")
+    build = prebuild.Prebuild({("bfloat16", 4, 64)})
+    processes = list(build.processes)
+    began = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="locals.engine.kernels.prebuild"):
+        build.wait(stop=lambda: True)
+    assert time.perf_counter() - began < 10
+    assert all(p.returncode is not None for p in processes) and not caplog.text
 
 
 def test_tiles_already_on_disk_are_not_built_again(tmp_path):

@@ -64,20 +64,22 @@ class Prebuild:
                                            stderr=subprocess.PIPE)
                           for dtype, bits, group in sorted(kinds) for rows in TILE_ROWS]
 
-    def wait(self, timeout_s: float = WAIT_S) -> None:
-        """Wait for every process (at most `timeout_s` in all); one that fails or outlasts it is
-        logged and left: the pass that needs its module builds it."""
+    def wait(self, timeout_s: float = WAIT_S, stop=lambda: False) -> None:
+        """Wait for every process, at most `timeout_s` from their start and no longer than `stop()`
+        is false; one that fails or outlasts it is logged and left: the pass that needs its module
+        builds it."""
         deadline = self.began + timeout_s
+        while any(p.poll() is None for p in self.processes) and time.perf_counter() < deadline and not stop():
+            time.sleep(0.05)
+        late = [p for p in self.processes if p.poll() is None]
+        for process in late:
+            process.kill()
+        if late and not stop():
+            log.warning("MLX's quantized-matmul kernels took over %.0f s to build; passes build what is left",
+                        timeout_s)
         for process in self.processes:
-            try:
-                _, err = process.communicate(timeout=max(deadline - time.perf_counter(), 0.1))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
-                log.warning("MLX's quantized-matmul kernels took over %.0f s to build; passes build what is left",
-                            timeout_s)
-                continue
-            if process.returncode:
+            _, err = process.communicate()
+            if process.returncode and process not in late:
                 log.warning("building MLX's quantized-matmul kernels ahead failed: %s",
                             err.decode(errors="replace").strip()[-400:])
         log.log(logging.INFO if time.perf_counter() - self.began >= 5 else logging.DEBUG,
