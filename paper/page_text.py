@@ -45,7 +45,6 @@ on disk), and of the last of several agents sending the same system prompt at on
 NTK-aware, YaRN): needles hidden in real code and the text's perplexity, against the unscaled model.
 Each verdict is by the rules of the script that made the run; [long-window.md](long-window.md) weighs
 the runs by the current rules and says why the embedded model serves 16,384 tokens.""",
-    "diagnostics": """Scripts that explain a number above rather than measure the product, with each one's newest
-run. What their runs showed, and the engine choices they decided, are in
-[benchmarks-log.md](benchmarks-log.md).""",
+    "diagnostics": """Scripts that explain a number above rather than measure the product, each with its newest run;
+what their runs showed, and the choices they decided, are in [benchmarks-log.md](benchmarks-log.md).""",
 }
