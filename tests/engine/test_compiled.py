@@ -189,3 +189,21 @@ def test_a_prompt_chunk_beside_decoding_rows_through_seams_matches_eager(monkeyp
     assert compiled[2] == eager[2] == 10 + chunk + 1
     for a, b in zip(compiled[:2], eager[:2]):
         np.testing.assert_allclose(a, b, atol=2e-3, rtol=2e-3)
+
+
+def test_a_whole_step_with_placeholder_rows_makes_only_its_own_index_and_the_heads_part_once():
+    # On CUDA an array made from the host can cost ~1 ms while the device runs (host_arrays.py):
+    # a padded step makes its own index and meta, not the plan's too, and every pass of as many
+    # tokens shares one heads index.
+    from locals.engine.forward.batch_plan import BatchPlan
+
+    model = tiny_qwen3(False)
+    kv = _batch(model)  # 3 rows: a whole step runs them in 4 slots, one a placeholder
+    plan = BatchPlan([RowInput(mx.array([1]), 1, c, True) for c in kv])
+    positions, index, meta = plan.padded_step(4)
+    assert plan._index is None and plan._meta is None
+    assert index[0].shape == index[1].shape == index[2].shape == (8, model.args.num_key_value_heads, 1)
+    np.testing.assert_array_equal(np.array(positions), [c.length for c in kv] + [0])
+    again = BatchPlan([RowInput(mx.array([1]), 1, c, True) for c in kv]).padded_step(4)[1]
+    assert again[1] is index[1] and plan.index[1] is not index[1]  # 4 rows' heads part, then 3 rows'
+    np.testing.assert_array_equal(np.array(index[1])[:, :, 0], np.tile(np.arange(index[1].shape[1]), (8, 1)))

@@ -10,6 +10,8 @@ the attention's softmax runs in numpy (host_attention.py).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import mlx.core as mx
 import numpy as np
 
@@ -59,8 +61,7 @@ class BatchPlan:
         starts = (np.cumsum(counts) - counts).astype(np.int32)
         within = np.arange(self.tokens, dtype=np.int32) - np.repeat(starts, counts)
         self._slots = np.asarray(slots, np.int32)
-        self.index = _scatter_index(np.repeat(self._slots, counts), np.repeat(lengths, counts) + within,
-                                    batch.rows_cap, batch.kv_heads)
+        self._index, self._token_places = None, (np.repeat(self._slots, counts), np.repeat(lengths, counts) + within)
         self.width = int(counts.max())
         if self.width == 1:
             self.gather = self.scatter = None
@@ -70,8 +71,7 @@ class BatchPlan:
             # keys it reads after this step's write.
             # `lengths`: each row's length before the pass, where its one new token goes (RoPE, the write).
             self.ragged, self.lengths = len(set(lengths.tolist())) > 1, lengths
-            self._visible = self._mask = self._hidden = None
-            self.meta = mx.array(np.concatenate([np.asarray(slots, np.int32), lengths + 1]))
+            self._visible = self._mask = self._hidden = self._meta = None
             return
         # Query j of row i is the row's token min(j, n_i - 1): padding repeats the last one
         # (its output is dropped), so no query row is fully masked.
@@ -81,6 +81,23 @@ class BatchPlan:
         seen = lengths[:, None] + last  # the last position each query may attend to
         self.ragged, self._mask, self._hidden = True, None, None
         self._visible = (np.arange(self.t)[None, None] <= seen[:, :, None])[:, None]
+
+    # Made when a pass first reads them: a whole step with placeholder rows makes its own
+    # (`padded_step`), and on CUDA an array made from the host can cost ~1 ms while the device
+    # runs (docs/benchmarks-log.md, "MLX's quantized-matmul tiles, built ahead").
+    @property
+    def index(self) -> tuple:
+        """The scatter index of the pass's new keys, then values (`_scatter_index`)."""
+        if self._index is None:
+            self._index = _scatter_index(*self._token_places, self.batch.rows_cap, self.batch.kv_heads)
+        return self._index
+
+    @property
+    def meta(self) -> mx.array:
+        """Each row's slot, then how many keys it reads after this pass's write (one token a row)."""
+        if self._meta is None:
+            self._meta = mx.array(np.concatenate([self._slots, self.lengths + 1]))
+        return self._meta
 
     def padded_step(self, rows: int) -> tuple[mx.array, tuple, mx.array] | None:
         """(positions, scatter index, meta) of a pure decode step with `rows` rows: the plan's, then
@@ -152,7 +169,15 @@ class BatchPlan:
 def _scatter_index(slots: np.ndarray, positions: np.ndarray, rows_cap: int, kv_heads: int) -> tuple:
     """The scatter index of new tokens' keys then values: (slot row, head, position) arrays,
     each (2 * tokens, kv_heads, 1) int32."""
-    index = np.broadcast_arrays(np.concatenate([slots, slots + rows_cap])[:, None, None],
-                                np.arange(kv_heads, dtype=np.int32)[None, :, None],
-                                np.concatenate([positions, positions])[:, None, None])
-    return tuple(mx.array(np.ascontiguousarray(part, dtype=np.int32)) for part in index)
+    n = 2 * len(slots)
+    rows, places = (np.ascontiguousarray(np.broadcast_to(part[:, None, None], (n, kv_heads, 1)), dtype=np.int32)
+                    for part in (np.concatenate([slots, slots + rows_cap]), np.concatenate([positions, positions])))
+    return mx.array(rows), _heads_index(n, kv_heads), mx.array(places)
+
+
+@lru_cache(maxsize=64)
+def _heads_index(n: int, kv_heads: int) -> mx.array:
+    """The heads part of a scatter index of `n` entries: the same for every pass of as many
+    tokens, so made once, not from the host every pass."""
+    return mx.array(np.ascontiguousarray(np.broadcast_to(np.arange(kv_heads, dtype=np.int32)[None, :, None],
+                                                         (n, kv_heads, 1))))
