@@ -61,10 +61,11 @@ def parse_bool(name: str, raw: str) -> bool:
 HOME = Setting("LOCALS_HOME", str, None, "put all of locals' folders (state, cache, log, config) under this one folder",
                "unset")
 KV_BUDGET_MB = Setting("LOCALS_KV_BUDGET_MB", float, None,
-                       "KV memory the engine may reserve for requests (the memory guard)", "half of available memory")
+                       "KV memory the engine may reserve for requests (the memory guard)",
+                       "half of available memory (on CUDA, of the GPU's)")
 PREFIX_CACHE_MB = Setting("LOCALS_PREFIX_CACHE_MB", float, None,
                           "memory the prompt cache may keep between requests; `0` turns the prompt cache off",
-                          "a quarter of available memory (≥ 256)")
+                          "a quarter of available memory (on CUDA, of the GPU's; ≥ 256)")
 MAX_BATCH = Setting("LOCALS_MAX_BATCH", int, 64, "most replies written at once; more wait")
 SPECULATE = Setting("LOCALS_SPECULATE", bool, True, "`0` (or `off`, `false`, `no`) turns off drafting from the context",
                     "on")
@@ -96,7 +97,8 @@ ALL: tuple[Setting, ...] = (HOME, KV_BUDGET_MB, PREFIX_CACHE_MB, MAX_BATCH, SPEC
 # Other programs' variables a background server needs as the user's shell has them (a launchd
 # or systemd unit does not inherit the caller's environment).
 FOREIGN_PASSED = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "XDG_CACHE_HOME", "XDG_STATE_HOME",
-                  "XDG_CONFIG_HOME", "PATH", "LD_PRELOAD", "MLX_PTX_CACHE_DIR", "CUDA_HOME", "CUDA_PATH")
+                  "XDG_CONFIG_HOME", "PATH", "LD_PRELOAD", "MLX_PTX_CACHE_DIR", "MLX_CUDA_GRAPH_CACHE_SIZE", "CUDA_HOME",
+                  "CUDA_PATH")
 
 
 def foreign(name: str, default: str | None = None) -> str | None:

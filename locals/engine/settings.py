@@ -30,7 +30,7 @@ class EngineConfig:
     # Smallest prompt chunk per step, even when decode rows used up the budget, so
     # prefill always advances.
     min_prefill_chunk: int = 32
-    # Bytes of KV the engine may hold (admission); None = half of available memory at start.
+    # Bytes of KV the engine may hold (admission); None = half of `available_memory()` at start.
     kv_budget_bytes: int | None = None
     # Bytes the in-memory prefix cache may keep; 0 disables it.
     prefix_cache_bytes: int = field(default_factory=lambda: default_prefix_cache_bytes())
@@ -67,13 +67,30 @@ class EngineConfig:
         """The KV budget in bytes, deriving the default from free memory now."""
         if self.kv_budget_bytes is not None:
             return int(self.kv_budget_bytes)
-        return int(psutil.virtual_memory().available * 0.5)
+        return int(available_memory() * 0.5)
+
+
+def available_memory() -> int:
+    """Bytes the engine's KV and prefix caches may be planned in: the system's available memory,
+    and on CUDA no more than the GPU's memory MLX may use (95% of it) less what MLX holds now.
+    There the host may have more memory than the card (an H100's 80 GB beside 128 GB), and
+    caches sized from the host's outgrow the card: MLX then frees its cached buffers at each
+    allocation that misses, and a request past the card's memory fails."""
+    from locals.engine.load.backend import detect
+
+    available = psutil.virtual_memory().available
+    backend = detect()
+    if backend.kind == "cuda":
+        import mlx.core as mx
+
+        available = min(available, int(backend.memory_bytes * 0.95) - mx.get_active_memory())
+    return max(available, 0)
 
 
 def default_prefix_cache_bytes() -> int:
-    """A quarter of the memory available now (at least 256 MiB): one 16k-token prompt of a
-    4B model is ~2.4 GB of KV, and a budget below one entry keeps nothing."""
-    return max(256 * 1024 * 1024, int(psutil.virtual_memory().available * 0.25))
+    """A quarter of `available_memory()` (at least 256 MiB): one 16k-token prompt of a 4B model
+    is ~2.4 GB of KV, and a budget below one entry keeps nothing."""
+    return max(256 * 1024 * 1024, int(available_memory() * 0.25))
 
 
 def default_pipeline() -> bool:

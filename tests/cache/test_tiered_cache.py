@@ -51,6 +51,22 @@ def test_save_copies_nothing_and_pump_copies_in_bounded_slices(tmp_path):
     assert n == 1000 and _same(restarted.load(entry), kv)
 
 
+def test_pump_stops_at_its_time_budget_after_one_heads_rows(tmp_path):
+    store = DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=1)
+    kv = _kv(1000)  # 3 layers x (K, V) x 2 heads of 1,000 rows of 8 float32: 32,000 bytes a head
+    store.save(list(range(1000)), kv)
+    left, steps = store.pending_copy_bytes, []
+    while store.pending_copy_bytes:
+        store.pump(10**9, budget_s=0.0)  # no time at all: one head's rows a call, never more
+        if store.pending_copy_bytes < left:
+            steps.append(left - store.pending_copy_bytes)
+            left = store.pending_copy_bytes
+    assert steps == [32_000] * 12
+    assert store.flush(10) == (1, 0)
+    n, entry = DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=1).longest(list(range(1000)))
+    assert n == 1000 and _same(store.load(entry), kv)
+
+
 def test_a_lookup_that_saves_returns_its_kv_untouched_and_the_file_matches(tmp_path):
     prompt, kv = list(range(300)), _kv(300, dtype=mx.bfloat16)
     tiered = TieredPrefixCache(MemoryPrefixCache(10**9), DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=64))

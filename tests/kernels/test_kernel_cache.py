@@ -1,11 +1,12 @@
-"""Where MLX keeps compiled CUDA kernels: locals' cache unless the user chose a place."""
+"""Where MLX keeps compiled CUDA kernels (locals' cache unless the user chose a place), and how many
+CUDA graphs."""
 
 import os
 
 import mlx.core as mx
 
 from locals.engine.kernels import cubin
-from locals.engine.load.backend import keep_compiled_kernels
+from locals.engine.load.backend import CUDA_GRAPH_CACHE, keep_compiled_kernels, keep_cuda_graphs
 
 
 def test_compiled_kernels_go_to_the_locals_cache_per_mlx_version(tmp_path, monkeypatch):
@@ -13,6 +14,15 @@ def test_compiled_kernels_go_to_the_locals_cache_per_mlx_version(tmp_path, monke
     monkeypatch.delenv("MLX_PTX_CACHE_DIR", raising=False)  # restored after the test
     keep_compiled_kernels()
     assert os.environ["MLX_PTX_CACHE_DIR"] == str(tmp_path / "cache" / "cuda-kernels" / mx.__version__)
+
+
+def test_mlx_keeps_more_cuda_graphs_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("MLX_CUDA_GRAPH_CACHE_SIZE", raising=False)  # restored after the test
+    keep_cuda_graphs()
+    assert os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"] == str(CUDA_GRAPH_CACHE)
+    monkeypatch.setenv("MLX_CUDA_GRAPH_CACHE_SIZE", "400")
+    keep_cuda_graphs()
+    assert os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"] == "400"
 
 
 def test_a_users_own_kernel_cache_wins(tmp_path, monkeypatch):

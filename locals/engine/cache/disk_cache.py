@@ -187,10 +187,11 @@ class HostCopy:
             self._host.clear()
         self.ready.set()
 
-    def copy(self, budget: float) -> int:
-        """Copy about `budget` bytes (whole token rows, at least one); the bytes copied."""
+    def copy(self, budget: float, until: float = float("inf")) -> int:
+        """Copy about `budget` bytes (whole token rows, at least one), stopping at the first head's
+        rows that ends past `until` (a `time.perf_counter()` value); the bytes copied."""
         copied = 0
-        while copied < budget and self.left:
+        while copied < budget and self.left and (not copied or time.perf_counter() < until):
             if self._src is None:
                 self._start()
             dst = self._host[self._index].reshape(self._src.shape)  # a view of the host array
@@ -311,11 +312,13 @@ class DiskPrefixStore:
         self._copies.append(job)
         threading.Thread(target=job.prepare, name="locals-kv-alloc", daemon=True).start()
 
-    def pump(self, budget_bytes: int | None) -> bool:
+    def pump(self, budget_bytes: int | None, budget_s: float | None = None) -> bool:
         """Copy up to `budget_bytes` (None: all, waiting for buffers) of saved prefixes to host
-        memory on the calling (MLX) thread; finished ones go to the writer thread. True while
-        copying can go on now (False too while the next one's buffers are being prepared)."""
+        memory on the calling (MLX) thread, for about `budget_s` seconds at most (a head's rows
+        of one layer past it); finished ones go to the writer thread. True while copying can go
+        on now (False too while the next one's buffers are being prepared)."""
         budget = float("inf") if budget_bytes is None else budget_bytes
+        until = float("inf") if budget_s is None else time.perf_counter() + budget_s
         while self._copies and budget > 0:
             job = self._copies[0]
             if budget_bytes is None:
@@ -325,16 +328,18 @@ class DiskPrefixStore:
             try:
                 if job.failed:
                     raise MemoryError("no host memory for a copy of this prefix")
-                budget -= job.copy(budget)
+                budget -= job.copy(budget, until)
             except Exception:  # a failed save must never take the engine down
                 log.exception("copying a prompt-cache prefix to host memory failed; not saved")
                 self._copies.popleft()
                 self._forget_queued(job.tokens)
                 continue
             if job.left:
-                break  # the budget is spent (down to less than a row)
+                break  # the budget is spent (down to less than a row, or its time)
             self._copies.popleft()
             self._queue.put((job.tokens, job.host(), job.dtype))
+            if time.perf_counter() >= until:
+                break
         return bool(self._copies)
 
     @property

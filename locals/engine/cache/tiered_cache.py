@@ -16,12 +16,15 @@ from locals.engine.cache.disk_cache import DiskPrefixStore
 from locals.engine.forward.kv import LayerKV
 from locals.engine.cache.prefix_cache import MemoryPrefixCache, PrefixCache
 
-# Host copy per engine-loop turn while requests run. Into host pages already touched (by
-# HostCopy.prepare, off this thread), one slice of a 4B model's bf16 KV (8k tokens, 1.2 GB)
-# took a median 1.7-2.1 ms at 16 MiB on a busy 2-core x86 VM (8 MiB: 1.0 ms, 32 MiB:
-# 6.6 ms), well under a decode step (~10 ms for a 4B model on the H200, more on a CPU);
-# a 2.4 GB prefix lands within ~150 turns.
+# Host copy per engine-loop turn while requests run: at most this many bytes, and past this many
+# seconds no further head's rows. Into host pages already touched (by HostCopy.prepare, off this
+# thread), one slice of a 4B model's bf16 KV (8k tokens, 1.2 GB) took a median 1.7-2.1 ms at 16 MiB
+# on a busy 2-core x86 VM (8 MiB: 1.0 ms, 32 MiB: 6.6 ms). On CUDA, reading MLX's buffers from the
+# host costs more: in a burst of 16 agents on an H200 the copy took 19% of the engine thread
+# (docs/benchmarks-log.md, "An H100 table shipped; 1, 8 and 16 agents served"): hence the time
+# bound, not measured served yet.
 BUSY_SLICE_BYTES = 16 << 20
+BUSY_SLICE_S = 0.001
 # With no request running, larger slices between checks of the inbox, so a request that
 # arrives waits at most one slice (26-35 ms here).
 IDLE_SLICE_BYTES = 256 << 20
@@ -54,7 +57,9 @@ class TieredPrefixCache(PrefixCache):
     def pump(self, idle: bool, everything: bool = False) -> bool:
         """One bounded slice of the disk tier's host copy (on the MLX thread, once per engine
         loop turn), or all of it (`everything`: at shutdown); True while more can go now."""
-        return self.disk.pump(None if everything else IDLE_SLICE_BYTES if idle else BUSY_SLICE_BYTES)
+        if everything:
+            return self.disk.pump(None)
+        return self.disk.pump(IDLE_SLICE_BYTES) if idle else self.disk.pump(BUSY_SLICE_BYTES, BUSY_SLICE_S)
 
     def flush(self, timeout: float) -> tuple[int, int]:
         """Wait for pending disk writes: (written, abandoned at the timeout)."""

@@ -62,8 +62,8 @@ def detect() -> Backend:
         return Backend("metal", mem, str(info.get("device_name", "Apple GPU")), "accelerate")
     cuda = getattr(mx, "cuda", None)
     if cuda is not None and cuda.is_available():
-        info = mx.device_info()
-        mem = int(info.get("memory_size", 0) or psutil.virtual_memory().total)
+        info = mx.device_info()  # on CUDA the card's own memory is "total_memory"
+        mem = int(info.get("total_memory", 0) or info.get("memory_size", 0) or psutil.virtual_memory().total)
         return Backend("cuda", mem, str(info.get("device_name", "NVIDIA GPU")))
     return Backend("cpu", psutil.virtual_memory().total, platform.processor() or platform.machine(),
                    blas_in_use())
@@ -89,6 +89,21 @@ def keep_compiled_kernels() -> None:
         return
     if (folder := compiled_kernel_folder()) is not None:
         os.environ["MLX_PTX_CACHE_DIR"] = str(folder)  # MLX reads it from this process's environment
+
+
+# MLX keeps the CUDA graphs it instantiated (each a chain of up to 100 kernels on an H100 or H200)
+# in a cache of 400 and evicts the least recently used; a server meets more: decode steps of each
+# row count and capacity, passes beside prompt chunks of each length. Served to 16 agents on an
+# H200, destroying evicted graphs and instantiating them again took 11% of the engine thread (py-spy;
+# docs/benchmarks-log.md, "An H100 table shipped; 1, 8 and 16 agents served"). A user's setting wins.
+CUDA_GRAPH_CACHE = 4096
+
+
+def keep_cuda_graphs() -> None:
+    """Let MLX keep CUDA_GRAPH_CACHE instantiated CUDA graphs. MLX reads the setting when it
+    makes a stream's encoder: call this before the engine makes its stream."""
+    if not settings.foreign("MLX_CUDA_GRAPH_CACHE_SIZE"):
+        os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"] = str(CUDA_GRAPH_CACHE)
 
 
 def compiled_kernel_folder() -> Path | None:
