@@ -7,6 +7,8 @@ on a model written for the occasion (benchmarks/random_folder.py).
     python benchmarks/serve_traffic.py --agents 8 --kernels K   # then 3 rounds on the kept kernels
     python benchmarks/serve_traffic.py --shape qwen3-tiny --quick   # tries the script on a CPU
     python benchmarks/serve_traffic.py --merge A.json B.json   # rounds run as commands in a row, one report
+    python benchmarks/serve_traffic.py --servers locals --variant graphs400:MLX_CUDA_GRAPH_CACHE_SIZE=400 \
+        --agents 8 --kernels K   # locals against itself with a setting changed, interleaved
 
 On a fresh GPU each server's first round is mostly MLX compiling its CUDA kernels (minutes), so
 a cold round and warm rounds rarely fit one 10-minute device command: `--kernels` keeps each
@@ -32,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import QWEN3_SHAPES, RESULTS  # noqa: E402
 from benchmarks.random_folder import write_random_qwen3  # noqa: E402
-from locals.cli.bench_traffic import parse_agents, parse_servers, traffic_bench  # noqa: E402
+from locals.cli.bench_traffic import parse_agents, parse_servers, parse_variants, traffic_bench  # noqa: E402
+from locals.errors import LocalsError  # noqa: E402
 from locals.measure import other_cpu_percent  # noqa: E402
 from locals.traffic.workload import Workload  # noqa: E402
 
@@ -58,6 +61,9 @@ def _args() -> argparse.Namespace:
                         help="GPU: keep each server's CUDA kernel folder under this folder; a later run given "
                              "the same folder starts warm, as a machine does after its first start (default: "
                              "empty folders, a fresh machine)")
+    parser.add_argument("--variant", action="append", default=None, metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+                        help="also run locals with these environment settings, named `locals NAME`, in the same "
+                             "interleaved rounds (an A/B of a setting; repeatable)")
     parser.add_argument("--out", type=Path, default=None, help="report file or folder (default benchmarks/results/)")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="REPORT",
                         help="write one report of these reports' rounds (commands run in a row on one machine, "
@@ -107,6 +113,8 @@ def main() -> None:
                  "time_limit_s": args.max_minutes * 60 if args.max_minutes else None,
                  # A device command stops at 10 minutes: a stuck server must not take them all.
                  "ready_timeout_s": 300.0, "request_timeout_s": 180.0}
+    # Bad input fails before the model is written.
+    servers, variants = parse_servers(args.servers), parse_variants(args.variant)
     path = _report_path(args.out)
     busy = other_cpu_percent()
     print(f"workload: {plan_args['workload'].scaled()}", flush=True)
@@ -114,9 +122,12 @@ def main() -> None:
         t0 = time.perf_counter()
         folder = write_random_qwen3(Path(scratch) / args.shape, args.shape, seed=args.seed)
         print(f"random {args.shape} 4-bit written in {time.perf_counter() - t0:.0f} s", flush=True)
-        traffic_bench(str(folder), plan_args, parse_servers(args.servers), path, busy, args.kernels)
+        traffic_bench(str(folder), plan_args, servers, path, busy, args.kernels, variants)
     print(f"total {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except LocalsError as exc:  # bad input: one line that says how to fix it
+        raise SystemExit(f"error: {exc}") from None

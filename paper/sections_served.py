@@ -16,6 +16,7 @@ from paper.results import DEVICE_LABEL, Result, fmt, fmt_range, med, of, source_
 
 DEVICES = ("gpu", "cpu")
 OURS = "locals"
+PEERS = ("mlx_lm.server", "llama.cpp")  # other servers; "locals NAME" is locals with other settings (--variant)
 # (label, keys, decimals): one row per figure; two keys share a row as "a / b" of their medians.
 COLD_ROWS = (("ready, s", ("ready_s",), 1), ("first token, s", ("first_token_s",), 1))
 PHASE_ROWS = (("wait on server, s", ("wait_s",), 1), ("output tok/s", ("output_tps",), 1),
@@ -159,8 +160,9 @@ def served_traffic(results: list[Result]) -> Section:
 
 
 def _comparisons(files: list[Result]) -> list[Result]:
-    """The reports that put locals beside a peer (a run of one server alone is a diagnostic)."""
-    return [f for f in files if OURS in f.data.get("summary", {}) and len(f.data["summary"]) > 1]
+    """The reports that put locals beside a peer (a run of locals alone, or beside variants of
+    itself with other settings, is a diagnostic)."""
+    return [f for f in files if OURS in f.data.get("summary", {}) and any(p in f.data["summary"] for p in PEERS)]
 
 
 # Rounds a report needs to be the one shown: medians of warm rounds, as the bars are stated.

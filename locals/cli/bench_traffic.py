@@ -44,6 +44,35 @@ def parse_servers(text: str | None) -> list[str] | None:
     return names
 
 
+def parse_variants(texts: list[str] | None) -> dict[str, dict[str, str]]:
+    """`NAME:VAR=VALUE[,VAR=VALUE…]` each -> {"locals NAME": {VAR: VALUE, …}}: locals again, with
+    those environment settings added, run in the same interleaved rounds as the others (an A/B
+    of a setting on one machine: `graphs400:MLX_CUDA_GRAPH_CACHE_SIZE=400`)."""
+    variants = {}
+    for text in texts or []:
+        name, _, assignments = text.partition(":")
+        pairs = [a.partition("=") for a in assignments.split(",") if a.strip()]
+        if not name.strip() or " " in name.strip() or not pairs or any(not k.strip() or not eq for k, eq, _ in pairs):
+            raise LocalsError(f"--variant {text!r}: give NAME:VAR=VALUE[,VAR=VALUE], e.g. "
+                              "graphs400:MLX_CUDA_GRAPH_CACHE_SIZE=400")
+        variants[f"locals {name.strip()}"] = {k.strip(): v for k, _, v in pairs}
+    return variants
+
+
+def with_variants(specs: list, weights: dict, variants: dict[str, dict[str, str]]) -> tuple[list, dict]:
+    """`specs` with each variant of locals after it: the same command, weights and kernel folder
+    (servers run one at a time), its settings added to the environment."""
+    from dataclasses import replace
+
+    ours = next((s for s in specs if s.name == "locals"), None)
+    if variants and ours is None:
+        raise LocalsError("--variant runs locals again with other settings: include locals in --servers")
+    at = specs.index(ours) + 1 if ours is not None else len(specs)
+    added = [replace(ours, name=name, env={**ours.env, **extra}) for name, extra in variants.items()]
+    settings_text = {name: ", ".join(f"{k}={v}" for k, v in extra.items()) for name, extra in variants.items()}
+    return specs[:at] + added + specs[at:], {**weights, **{n: f"{weights['locals']}; {settings_text[n]}" for n in variants}}
+
+
 def _blas_env(backend) -> dict[str, str]:
     """On a Linux CPU, OpenBLAS preloaded for every MLX server (locals re-execs with it anyway),
     so both run their matmuls on the same BLAS."""
@@ -107,9 +136,11 @@ def _kernel_folders(specs) -> dict[str, int]:
 
 
 def traffic_bench(model: str | None, plan_args: dict, wanted: list[str] | None, path: Path,
-                  busy_before: float, kernels: Path | None = None) -> None:
+                  busy_before: float, kernels: Path | None = None,
+                  variants: dict[str, dict[str, str]] | None = None) -> None:
     """Run the served-traffic benchmark, save the report to `path` as it goes, print the table.
-    `kernels`: where each server's CUDA kernel folder is kept between runs (default: empty ones)."""
+    `kernels`: where each server's CUDA kernel folder is kept between runs (default: empty ones);
+    `variants`: locals again with other settings (`parse_variants`)."""
     from locals.engine.bench import machine_info
     from locals.engine.load import backend as backend_mod
     from locals.engine.load import catalog
@@ -121,7 +152,7 @@ def traffic_bench(model: str | None, plan_args: dict, wanted: list[str] | None, 
     name = model or catalog.default_alias(backend.kind, backend.memory_bytes)
     log_dir = path.with_name(path.stem + "-logs")
     with tempfile.TemporaryDirectory(prefix="locals-bench-") as scratch:
-        specs, weights = server_specs(name, backend, Path(scratch), wanted, kernels)
+        specs, weights = with_variants(*server_specs(name, backend, Path(scratch), wanted, kernels), variants or {})
         plan = Plan(servers=tuple(specs), **plan_args)
         extra = {"model": portable(name), "backend": backend.kind, "weights": weights, "command": sys.argv[1:],
                  "machine": machine_info(), "other_cpu_percent_before": busy_before, "logs": log_dir.name,

@@ -71,6 +71,32 @@ def test_bench_refuses_on_a_busy_machine_unless_forced(monkeypatch):
     assert bench._check_quiet(force=True) == 90.0
 
 
+def test_variants_run_locals_again_with_their_settings_beside_the_others(tmp_path):
+    from locals.cli.bench_traffic import parse_variants, with_variants
+    from locals.errors import LocalsError
+    from locals.traffic import servers as srv
+
+    variants = parse_variants(["graphs400:MLX_CUDA_GRAPH_CACHE_SIZE=400", "small:LOCALS_KV_BUDGET_MB=512,A=b=c"])
+    assert variants == {"locals graphs400": {"MLX_CUDA_GRAPH_CACHE_SIZE": "400"},
+                        "locals small": {"LOCALS_KV_BUDGET_MB": "512", "A": "b=c"}}
+    ours = srv.locals_server("m", {"MLX_PTX_CACHE_DIR": str(tmp_path / "cuda-kernels-locals")})
+    peer = srv.mlx_lm_server("m")
+    specs, weights = with_variants([ours, peer], {"locals": "m (folder)", "mlx_lm.server": "m"}, variants)
+    assert [s.name for s in specs] == ["locals", "locals graphs400", "locals small", "mlx_lm.server"]
+    graphs = specs[1]
+    assert graphs.command == ours.command and graphs.stats_path == ours.stats_path
+    # the same kernel folder as locals (one server runs at a time): the A/B starts as warm as locals
+    assert graphs.env == {"MLX_PTX_CACHE_DIR": str(tmp_path / "cuda-kernels-locals"), "MLX_CUDA_GRAPH_CACHE_SIZE": "400"}
+    assert ours.env == {"MLX_PTX_CACHE_DIR": str(tmp_path / "cuda-kernels-locals")}  # locals itself untouched
+    assert weights["locals graphs400"] == "m (folder); MLX_CUDA_GRAPH_CACHE_SIZE=400"
+    assert with_variants([ours, peer], {}, {}) == ([ours, peer], {})
+    for bad in ("graphs400", "graphs400:", ":A=1", "two words:A=1", "x:A"):
+        with pytest.raises(LocalsError, match="NAME:VAR=VALUE"):
+            parse_variants([bad])
+    with pytest.raises(LocalsError, match="include locals"):
+        with_variants([peer], {"mlx_lm.server": "m"}, variants)
+
+
 def test_bench_bad_options_are_one_line_errors():
     for args, needle in ((("--engine", "--batches", "0,2"), "between 1 and 256"),
                          (("--engine", "--batches", "x"), "--batches"), (("--engine", "--tokens", "1"), "--tokens"),

@@ -233,3 +233,7 @@ def test_the_served_figures_come_from_the_newest_report_of_warm_rounds():
     warm, cold = report(1, 3), report(2, 1)
     assert newest_served([warm, cold], "gpu", "qwen3-4b") is warm  # a single cold round is no headline
     assert newest_served([cold], "gpu", "qwen3-4b") is cold  # unless it is all there is
+    # locals against a variant of itself (--variant) is a diagnostic, however new and however many rounds
+    ab = report(3, 3)
+    ab.data["summary"] = {"locals": ab.data["summary"]["locals"], "locals graphs400": ab.data["summary"]["locals"]}
+    assert newest_served([warm, ab], "gpu", "qwen3-4b") is warm
