@@ -51,11 +51,11 @@ def parse_variants(texts: list[str] | None) -> dict[str, dict[str, str]]:
     variants = {}
     for text in texts or []:
         name, _, assignments = text.partition(":")
-        pairs = [a.partition("=") for a in assignments.split(",") if a.strip()]
-        if not name.strip() or " " in name.strip() or not pairs or any(not k.strip() or not eq for k, eq, _ in pairs):
+        name, pairs = name.strip(), [a.partition("=") for a in assignments.split(",") if a.strip()]
+        if not name or " " in name or not pairs or any(not k.strip() or not eq for k, eq, _ in pairs):
             raise LocalsError(f"--variant {text!r}: give NAME:VAR=VALUE[,VAR=VALUE], e.g. "
                               "graphs400:MLX_CUDA_GRAPH_CACHE_SIZE=400")
-        variants[f"locals {name.strip()}"] = {k.strip(): v for k, _, v in pairs}
+        variants[f"locals {name}"] = {k.strip(): v for k, _, v in pairs}
     return variants
 
 
@@ -69,8 +69,9 @@ def with_variants(specs: list, weights: dict, variants: dict[str, dict[str, str]
         raise LocalsError("--variant runs locals again with other settings: include locals in --servers")
     at = specs.index(ours) + 1 if ours is not None else len(specs)
     added = [replace(ours, name=name, env={**ours.env, **extra}) for name, extra in variants.items()]
-    settings_text = {name: ", ".join(f"{k}={v}" for k, v in extra.items()) for name, extra in variants.items()}
-    return specs[:at] + added + specs[at:], {**weights, **{n: f"{weights['locals']}; {settings_text[n]}" for n in variants}}
+    runs = {name: f"{weights['locals']}; " + ", ".join(f"{k}={v}" for k, v in extra.items())
+            for name, extra in variants.items()}
+    return specs[:at] + added + specs[at:], {**weights, **runs}
 
 
 def _blas_env(backend) -> dict[str, str]:

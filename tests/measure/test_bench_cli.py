@@ -86,7 +86,8 @@ def test_variants_run_locals_again_with_their_settings_beside_the_others(tmp_pat
     graphs = specs[1]
     assert graphs.command == ours.command and graphs.stats_path == ours.stats_path
     # the same kernel folder as locals (one server runs at a time): the A/B starts as warm as locals
-    assert graphs.env == {"MLX_PTX_CACHE_DIR": str(tmp_path / "cuda-kernels-locals"), "MLX_CUDA_GRAPH_CACHE_SIZE": "400"}
+    kernels = str(tmp_path / "cuda-kernels-locals")
+    assert graphs.env == {"MLX_PTX_CACHE_DIR": kernels, "MLX_CUDA_GRAPH_CACHE_SIZE": "400"}
     assert ours.env == {"MLX_PTX_CACHE_DIR": str(tmp_path / "cuda-kernels-locals")}  # locals itself untouched
     assert weights["locals graphs400"] == "m (folder); MLX_CUDA_GRAPH_CACHE_SIZE=400"
     assert with_variants([ours, peer], {}, {}) == ([ours, peer], {})
