@@ -22,7 +22,7 @@ from locals.engine.cache.prefix_cache import MemoryPrefixCache, PrefixCache
 # on a busy 2-core x86 VM (8 MiB: 1.0 ms, 32 MiB: 6.6 ms). On CUDA, reading MLX's buffers from the
 # host costs more: in a burst of 16 agents on an H200 the copy took 19% of the engine thread
 # (docs/benchmarks-log.md, "An H100 table shipped; 1, 8 and 16 agents served"): hence the time
-# bound, not measured served yet.
+# bound, so a slow host read takes a bounded share of a busy step.
 BUSY_SLICE_BYTES = 16 << 20
 BUSY_SLICE_S = 0.001
 # With no request running, larger slices between checks of the inbox, so a request that
