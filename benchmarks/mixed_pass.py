@@ -10,8 +10,9 @@ alone, the two in one pass (the chunk at the same length each time; and advancin
 prompt's does, new shapes every pass, its caches growing by mlx-lm's 256 positions or with room
 for the prompt reserved as the engine does; each with its Python build and queue time apart),
 the chunk's attention on its own for every layer (random queries and keys of its shape) as
-served (forward/chunk_attention.py) and through MLX's fused attention (cuDNN on CUDA, its graph
-built in the warm-up), which tells the attention's share, and every layer's matmuls on B + N
+served (forward/chunk_attention.py: on CUDA bucketed or composed by its size), composed, and
+through MLX's fused attention (cuDNN on CUDA, its graph built in the warm-up), which tells the
+attention's share, and every layer's matmuls on B + N
 random tokens (joined q/k/v, o, joined gate/up, down), which tell theirs.
     python benchmarks/mixed_pass.py [--random-model qwen3-4b] [--batch 8] [--chunk-rows 4] [--chunk 4]
     python benchmarks/mixed_pass.py --random-model qwen3-4b --batch 8 --context 6000 --prompt 24,56,120,248 --prompt-at 4096
@@ -33,7 +34,7 @@ from benchmarks.common import load_pair, write_results  # noqa: E402
 from locals.engine.load.backend import needs_fast_blas_reexec, reexec_with_fast_blas  # noqa: E402
 from locals.engine.forward import chunk_attention  # noqa: E402
 from locals.engine.forward.forward import CompiledBlocks, RowInput, forward  # noqa: E402
-from locals.engine.forward.kv import DecodeBatch, RowKV  # noqa: E402
+from locals.engine.forward.kv import ROOM_STEP, DecodeBatch, RowKV  # noqa: E402
 
 
 def decode_batch(model, batch: int, context: int) -> list[RowKV]:
@@ -95,16 +96,19 @@ def timed_prompt_pass(runner, kvs: list[RowKV], prompt: RowKV | None, chunk: int
 
 
 def timed_chunk_attention(model, chunk: int, at: int, attend) -> float:
-    """Seconds for `attend(q, keys, values, scale)` once per layer on random data of a `chunk`-token
-    piece after `at` cached tokens, in the model's heads and dtype."""
+    """Seconds for `attend(q, keys, values, scale, buffers)` once per layer on random data of a
+    `chunk`-token piece after `at` cached tokens, in the model's heads and dtype, the keys and values
+    the first positions of buffers sized as a served prompt's (kv.ROOM_STEP positions at a time)."""
     attn = model.layers[0].self_attn
     heads, kv_heads = attn.n_heads, attn.n_kv_heads
     dim, dtype = round(attn.scale ** -2), model.layers[0].input_layernorm.weight.dtype  # scale = dim ** -0.5
     q = mx.random.normal((1, heads, chunk, dim)).astype(dtype)
-    keys, values = (mx.random.normal((1, kv_heads, at + chunk, dim)).astype(dtype) for _ in range(2))
-    mx.eval(q, keys, values)
+    positions = -(-(at + chunk) // ROOM_STEP) * ROOM_STEP
+    buffers = [mx.random.normal((1, kv_heads, positions, dim)).astype(dtype) for _ in range(2)]
+    keys, values = (b[:, :, : at + chunk] for b in buffers)
+    mx.eval(q, keys, values, buffers)
     start = time.perf_counter()
-    mx.eval([attend(q, keys, values, attn.scale) for _ in model.layers])
+    mx.eval([attend(q, keys, values, attn.scale, buffers) for _ in model.layers])
     return time.perf_counter() - start
 
 
@@ -145,8 +149,11 @@ def prompt_cases(loaded, args) -> list[dict]:
     runner = Engine(loaded, EngineConfig(prefix_cache_bytes=0)).runner
     kvs, prompt = decode_batch(runner.model, args.batch, args.context), prompt_cache(runner.model, args.prompt_at)
 
-    def fused(q, keys, values, scale):
+    def fused(q, keys, values, scale, _buffers):
         return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask="causal")
+
+    def composed(q, keys, values, scale, _buffers):
+        return chunk_attention.composed_attention(q, keys, values, scale)
 
     results = []
     for n in args.prompt:
@@ -163,6 +170,7 @@ def prompt_cases(loaded, args) -> list[dict]:
                  "chunk attention, as served": lambda: timed_chunk_attention(
                      runner.model, n, args.prompt_at, chunk_attention.chunk_attention),
                  "chunk attention, fused": lambda: timed_chunk_attention(runner.model, n, args.prompt_at, fused),
+                 "chunk attention, composed": lambda: timed_chunk_attention(runner.model, n, args.prompt_at, composed),
                  "matmuls, decode rows and chunk": lambda: timed_matmuls(runner.model, args.batch + n)}
         samples: dict[str, list[float]] = {name: [] for name in cases}
         for case in cases.values():  # warm-up: kernels, graphs, cuDNN builds

@@ -19,6 +19,7 @@ from itertools import zip_longest
 
 import mlx.core as mx
 
+from locals.engine.forward import chunk_attention
 from locals.engine.forward.compiled import seam_lengths
 from locals.engine.forward.forward import RowInput, forward
 from locals.engine.forward.kv import DecodeBatch, RowKV, row_capacity, token_capacity
@@ -63,7 +64,8 @@ class ShapeWarmer:
     On a GPU, before any of them and always before ready: the passes that run uncompiled at any
     shape — a prompt's first chunk read alone (`solo_chunk` tokens), a chunk after it and one
     far enough in for MLX's fused attention (forward/chunk_attention.py), and a chunk beside
-    decoding batches. They compile no graph, but on a GPU new to MLX each meets
+    decoding batches; on CUDA also cuDNN's attention graphs for such chunks at every cache size of
+    agents' contexts (45 ms each on an H200). They compile no graph, but on a GPU new to MLX each meets
     kernels MLX compiles on first use, tens of seconds each on an H200 (docs/arch/engine.md,
     "Shapes"); MLX keeps those on disk, so only a machine's first start pays them, and pays them
     here instead of in its first requests. A CPU compiles no kernels: it skips them. On CUDA the
@@ -83,7 +85,8 @@ class ShapeWarmer:
         batches = list(first_of.values())
         self._uncompiled = [(self._trace_prefill, (solo_chunk, 0)), (self._trace_prefill, (chunk, solo_chunk)),
                             (self._trace_prefill, (solo_chunk, 2 * solo_chunk)),  # past chunk_attention's composed size
-                            *((self._trace_step, (*batch, chunk - batch[0])) for batch in batches)
+                            *((self._trace_step, (*batch, chunk - batch[0])) for batch in batches),
+                            *([(self._build_chunk_attention, (chunk,))] if chunk_attention.ON_CUDA else [])
                             ] if compiles_kernels_on_first_use() else []
         self._prebuild = prebuild.start(model) if self._uncompiled else None
         self._todo = _interleave(((self._trace_step, s) for s in shapes),
@@ -156,6 +159,14 @@ class ShapeWarmer:
         self._run([RowInput(mx.zeros((1,), mx.int32), 1, row, True) for row in batch.members] + prompt)
         batch.members.clear()  # rows and batch refer to each other: free the arrays now, not at a GC
         batch.kv.clear()
+
+    def _build_chunk_attention(self, chunk: int) -> None:
+        """cuDNN's attention graphs for prompt chunks read beside decoding rows (up to `chunk` tokens)
+        at every cache size up to AGENTS_CONTEXT positions (forward/chunk_attention.py)."""
+        layer = self.model.model.layers[0]
+        attn = layer.self_attn
+        chunk_attention.prebuild(attn.n_heads, attn.n_kv_heads, round(attn.scale ** -2),
+                                 layer.input_layernorm.weight.dtype, [chunk], AGENTS_CONTEXT)
 
     def _trace_seams(self, length: int) -> None:
         """A pass of `length` tokens (a prompt's last chunk, drafts, forced tokens) through the seams."""

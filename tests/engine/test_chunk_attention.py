@@ -1,5 +1,6 @@
-"""The attention paths beside MLX's fused one equal it: the composed attention a CUDA prompt chunk
-may take, and the CPU's with its softmax in numpy (prompt chunks and decode batches' masks)."""
+"""The attention paths beside MLX's fused one equal it: the composed and the bucketed attention a
+CUDA prompt chunk may take, and the CPU's with its softmax in numpy (prompt chunks and decode
+batches' masks)."""
 
 import mlx.core as mx
 import numpy as np
@@ -44,20 +45,40 @@ def test_the_hosts_attention_hides_what_a_batchs_mask_hides(n):
     _close(host.host_attention(q, k, v, 0.125, hidden=~visible), want, 1e-5)
 
 
-def test_only_cuda_chunks_with_small_scores_are_composed(monkeypatch):
+@pytest.mark.parametrize("dtype,tol", [(mx.float32, 1e-5), (mx.bfloat16, 3e-2)])
+@pytest.mark.parametrize("n,length", [(33, 33), (100, 700), (200, 1024), (256, 1500)])
+def test_a_bucketed_chunk_equals_mlx_causal_attention_over_its_prefix(dtype, tol, n, length):
+    # The buffers hold the prefix and then garbage (a longer prompt's, rejected drafts): masked.
+    positions = -(-length // ca.ROOM_STEP) * ca.ROOM_STEP
+    q, k, v = _qkv(1, 8, 2, n, positions, dtype, n)
+    k, v = (mx.where(mx.arange(positions)[:, None] < length, a, mx.array(1e4, dtype)) for a in (k, v))
+    want = mx.fast.scaled_dot_product_attention(q, k[:, :, :length], v[:, :, :length], scale=0.125, mask="causal")
+    got = ca.bucketed_attention(q, k, v, length, 0.125)
+    _close(got, want, tol)
+    assert ca.query_bucket(n) in (64, 128, 256) and ca.query_bucket(n) >= n
+
+
+def test_cuda_chunks_go_bucketed_composed_or_fused_by_their_size(monkeypatch):
     calls = []
     monkeypatch.setattr(host, "SOFTMAX_ON_HOST", False)
-    monkeypatch.setattr(ca, "composed_attention", lambda *a: calls.append(a[0].shape[2]) or a[0])
+    monkeypatch.setattr(ca, "composed_attention", lambda *a: calls.append(("composed", a[0].shape[2])) or a[0])
+    monkeypatch.setattr(ca, "bucketed_attention", lambda *a: calls.append(("bucketed", a[0].shape[2])) or a[0])
     q, k = mx.zeros((1, 4, 8, 32)), mx.zeros((1, 2, 100, 32))
+    buffers = (mx.zeros((1, 2, ca.ROOM_STEP, 32)),) * 2
     monkeypatch.setattr(ca, "ON_CUDA", False)
     ca.chunk_attention(q, k, k, 1.0)
+    ca.chunk_attention(mx.zeros((1, 4, 100, 32)), k, k, 1.0, buffers)
     assert calls == []  # not on CUDA: MLX's fused attention
     monkeypatch.setattr(ca, "ON_CUDA", True)
     ca.chunk_attention(q, k, k, 1.0)
     ca.chunk_attention(q[:, :, :1], k, k, 1.0)  # one query: MLX's vector kernel
+    ca.chunk_attention(mx.zeros((1, 4, 100, 32)), k, k, 1.0, buffers)  # a bucketed cache: cuDNN at a bucket
+    ca.chunk_attention(mx.zeros((1, 4, 100, 32)), k, k, 1.0, (k, k))  # a cache of another size: composed
+    ca.chunk_attention(q, k, k, 1.0, buffers)  # few queries: composed
     monkeypatch.setattr(ca, "COMPOSED_MAX_SCORES", 8 * 100 - 1)
     ca.chunk_attention(q, k, k, 1.0)  # scores past the limit: fused
-    assert calls == [8]
+    ca.chunk_attention(mx.zeros((1, 4, 300, 32)), k, k, 1.0, buffers)  # a prompt read alone: fused
+    assert calls == [("composed", 8), ("bucketed", 100), ("composed", 100), ("composed", 8)]
 
 
 def test_cpu_chunks_normalize_on_the_host_and_leave_their_inputs_alone(monkeypatch):

@@ -184,11 +184,14 @@ def test_sampling_params_name_the_value_out_of_range():
     assert "min_p" in SamplingParams(min_p=2).problem()
 
 
-@pytest.mark.parametrize("route", ["fused", "composed", "host"])
+@pytest.mark.parametrize("route", ["fused", "composed", "bucketed", "host"])
 def test_ragged_forward_matches_plain_model(tiny_llama, route, monkeypatch):
     from locals.engine.forward import chunk_attention
 
-    monkeypatch.setattr(chunk_attention, "ON_CUDA", route == "composed")  # prompt chunks as a CUDA GPU attends them
+    monkeypatch.setattr(chunk_attention, "ON_CUDA", route in ("composed", "bucketed"))  # as a CUDA GPU attends
+    if route == "bucketed":  # these chunks (8, 12 tokens) at mlx-lm's cache sizes (256) as if buckets
+        monkeypatch.setattr(chunk_attention, "BUCKET_MIN_QUERIES", 8)
+        monkeypatch.setattr(chunk_attention, "ROOM_STEP", 256)
     monkeypatch.setattr(host_attention, "SOFTMAX_ON_HOST", route == "host")  # as the CPU does
     model = tiny_llama.model
     a, b = mx.array(list(range(10, 30))), mx.array([5, 6, 7])

@@ -1,15 +1,16 @@
-"""Attention for a prompt chunk read against its row's cache: MLX's fused attention; on CUDA, for
-chunks whose scores are small, the same attention composed of two matmuls and a softmax; on the
-CPU, composed with the softmax in numpy.
+"""Attention for a prompt chunk read against its row's cache: MLX's fused attention; on CUDA at
+shapes from a few buckets, or for small chunks the same attention composed of two matmuls and a
+softmax; on the CPU, composed with the softmax in numpy.
 
 On CUDA MLX runs a chunk's attention through cuDNN, which builds a graph for each new shape of
 queries and keys: 40–48 ms on an H200, then 0.2 ms a layer once built. Agents' prompts start
-their chunks at whatever length their cached prefix left, so nearly every chunk meets a new
-shape, and a step reading one beside decoding rows took 93 ms at the median, against 49 ms
-with the composed attention (0.6 ms a layer at 248 x 8k, no build). For large chunks (a prompt
-read alone in 2,048-token chunks) the scores outgrow the build: 3.2 ms a layer at 2,048 x 8k
-against cuDNN's 0.8, so those stay with MLX (docs/benchmarks-log.md, "Attention graphs built
-per prompt length"). Metal builds nothing per shape: MLX's fused kernel always.
+their chunks at whatever length their cached prefix left, so nearly every chunk would meet a new
+shape. A chunk whose caches were sized in buckets (kv.PromptKV: multiples of ROOM_STEP positions)
+attends over the whole buffer with its queries padded to a power of two and the positions it may
+not see masked, so its shape is one of a few the warm-up built (`prebuild`). Other chunks whose
+scores are small are composed (0.6 ms a layer at 248 x 8k, no build; docs/benchmarks-log.md,
+"Attention graphs built per prompt length"); the rest stay with MLX's causal attention. Metal
+builds nothing per shape: MLX's fused kernel always.
 
 On the CPU a chunk's time is its softmax, which numpy runs faster than MLX there (host_attention.py).
 """
@@ -19,25 +20,80 @@ from __future__ import annotations
 import mlx.core as mx
 
 from locals.engine.forward import host_attention as host
+from locals.engine.forward.kv import ROOM_STEP
 from locals.engine.load.backend import detect
 
 # Queries x keys per head up to which a CUDA chunk is composed: about where the scores' extra
 # reads and writes (36 layers) cost what one cuDNN graph build does, 1,024 queries at 8k keys.
 COMPOSED_MAX_SCORES = 1 << 23
+# Chunks of more than half this many queries and at most BUCKET_MAX_QUERIES are bucketed, padded
+# to a power of two from this: smaller ones are composed (their scores are few); larger ones are
+# prompts read alone, whose attention over the whole buffer would cost more than their builds.
+BUCKET_MIN_QUERIES = 64
+BUCKET_MAX_QUERIES = 256  # the engine's step budget: every chunk read beside decoding rows
 
 
 ON_CUDA = detect().kind == "cuda"
 
 
-def chunk_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
+def chunk_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float,
+                    buffers: tuple[mx.array, mx.array] | None = None) -> mx.array:
     """q (1, heads, n, dim) against keys/values (1, kv_heads, L, dim), the n queries being the
-    last n of the L positions (causal): (1, heads, n, dim)."""
+    last n of the L positions (causal): (1, heads, n, dim). `buffers`: the caches' whole key and
+    value arrays, whose first L positions keys/values are."""
     n, length = q.shape[2], keys.shape[2]
     if n > 1 and host.SOFTMAX_ON_HOST:
         return host.host_attention(q, keys, values, scale, causal=True)
-    if n > 1 and ON_CUDA and n * length <= COMPOSED_MAX_SCORES:
-        return composed_attention(q, keys, values, scale)
+    if n > 1 and ON_CUDA:
+        if (BUCKET_MIN_QUERIES // 2 < n <= BUCKET_MAX_QUERIES and buffers is not None
+                and buffers[0].shape[2] % ROOM_STEP == 0):
+            return bucketed_attention(q, *buffers, length, scale)
+        if n * length <= COMPOSED_MAX_SCORES:
+            return composed_attention(q, keys, values, scale)
     return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask="causal" if n > 1 else None)
+
+
+def query_bucket(n: int) -> int:
+    """Queries a chunk of `n` is padded to: the next power of two, BUCKET_MIN_QUERIES at least."""
+    return max(BUCKET_MIN_QUERIES, 1 << (n - 1).bit_length())
+
+
+def bucketed_attention(q: mx.array, key_buffer: mx.array, value_buffer: mx.array, length: int,
+                       scale: float) -> mx.array:
+    """`chunk_attention` over the whole buffers (positions past `length` masked), the queries
+    padded to `query_bucket(n)`: cuDNN meets the buffer's and the bucket's shape, not the chunk's."""
+    n = q.shape[2]
+    width = query_bucket(n)
+    padded = mx.concatenate([q, mx.zeros((*q.shape[:2], width - n, q.shape[3]), q.dtype)], axis=2)
+    out = mx.fast.scaled_dot_product_attention(padded, key_buffer, value_buffer, scale=scale,
+                                               mask=_visible_bias(n, width, length, key_buffer.shape[2], q.dtype))
+    return out[:, :, :n]
+
+
+_last_bias: tuple[tuple, mx.array] | None = None  # every layer of a pass meets the same one
+
+
+def _visible_bias(n: int, width: int, length: int, positions: int, dtype) -> mx.array:
+    """(1, 1, width, positions): 0 where query i (at position length - n + i) may look, -inf elsewhere;
+    a padded query (i >= n) looks at position 0 only, so its softmax stays finite."""
+    global _last_bias
+    key = (n, width, length, positions, dtype)
+    if _last_bias is None or _last_bias[0] != key:
+        rows, cols = mx.arange(width)[:, None], mx.arange(positions)[None]
+        visible = mx.where(rows < n, cols <= length - n + rows, cols == 0)
+        bias = mx.where(visible, mx.array(0, dtype), mx.array(-float("inf"), dtype))
+        _last_bias = key, bias[None, None]
+    return _last_bias[1]
+
+
+def prebuild(heads: int, kv_heads: int, dim: int, dtype, chunks: list[int], up_to: int) -> None:
+    """Run the bucketed attention of each chunk size in `chunks` at every buffer size up to `up_to`
+    positions once, so cuDNN has built those graphs before a request meets them (CUDA only)."""
+    for width in sorted({query_bucket(n) for n in chunks if BUCKET_MIN_QUERIES // 2 < n <= BUCKET_MAX_QUERIES}):
+        for positions in range(ROOM_STEP, up_to + 1, ROOM_STEP):
+            buffers = [mx.zeros((1, kv_heads, positions, dim), dtype) for _ in range(2)]
+            q = mx.zeros((1, heads, width, dim), dtype)
+            mx.eval(bucketed_attention(q, *buffers, positions, dim ** -0.5))
 
 
 def composed_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:

@@ -180,9 +180,10 @@ def _row_attention(kv: RowKV, li: int, q: mx.array, k: mx.array, v: mx.array, sc
     q/k/v (n, heads, 1, dim) in, (n, heads * dim) out."""
     n = q.shape[0]
     k, v = k.transpose(2, 1, 0, 3), v.transpose(2, 1, 0, 3)
-    keys, values = kv.layers[li].update_and_fetch(k, v)
+    cache = kv.layers[li]
+    keys, values = cache.update_and_fetch(k, v)
     # Causal with the queries aligned to the end of the keys, i.e. after the cached prefix.
-    o = chunk_attention(q.transpose(2, 1, 0, 3), keys, values, scale)
+    o = chunk_attention(q.transpose(2, 1, 0, 3), keys, values, scale, buffers=(cache.keys, cache.values))
     return o.transpose(2, 1, 0, 3).reshape(n, -1)
 
 
