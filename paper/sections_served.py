@@ -145,7 +145,7 @@ def _kernels(f: Result) -> str:
 def served_traffic(results: list[Result]) -> Section:
     sec = Section("served_traffic")
     for device in DEVICES:
-        files = _warm_first(_comparisons(of(results, "serve_traffic", device)))[-1:]
+        files = _shown(_comparisons(of(results, "serve_traffic", device)))[-1:]
         if not files:
             sec.parts.append(f"*{DEVICE_LABEL[device]}: not measured yet* (no served-traffic report in "
                              f"`benchmarks/results/` when this was generated; `{HOW[device]}` writes one).")
@@ -175,9 +175,32 @@ def _warm_first(files: list[Result]) -> list[Result]:
     return [f for f in files if rounds_done(f.data) >= WARM_ROUNDS] or files
 
 
+def _answered(f: Result) -> bool:
+    """Whether every peer answered its agents' conversations at the report's largest agent count:
+    its median of requests answered at least locals' less one burst (a peer whose burst runs out of
+    memory still compares). A peer that died mid-phase has fast "waits" and no output: its ratios
+    would say nothing."""
+    n = str(max(f.data.get("agents") or [0]))
+
+    def answered(server: str) -> float:
+        counts = [p["figures"].get("requests", 0) - p["figures"].get("failed", 0)
+                  for run in f.data.get("runs", {}).get(server, []) if (p := (run.get("phases") or {}).get(n))]
+        return sorted(counts)[len(counts) // 2] if counts else 0.0
+
+    ours = answered(OURS)
+    return all(answered(p) >= ours - int(n) for p in PEERS if p in f.data.get("summary", {}))
+
+
+def _shown(files: list[Result]) -> list[Result]:
+    """The reports one may show (oldest first): of warm rounds (`_warm_first`), and of those the ones
+    whose peers answered (`_answered`) where any did."""
+    warm = _warm_first(files)
+    return [f for f in warm if _answered(f)] or warm
+
+
 def newest_served(results: list[Result], device: str, model: str) -> Result | None:
-    """The newest served-traffic report of `model` on `device` (of warm rounds, `_warm_first`), if any."""
-    files = _warm_first([f for f in _comparisons(of(results, "serve_traffic", device)) if served_model(f) == model])
+    """The newest served-traffic report of `model` on `device` that `_shown` allows, if any."""
+    files = _shown([f for f in _comparisons(of(results, "serve_traffic", device)) if served_model(f) == model])
     return files[-1] if files else None
 
 

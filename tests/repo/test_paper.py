@@ -237,3 +237,22 @@ def test_the_served_figures_come_from_the_newest_report_of_warm_rounds():
     ab = report(3, 3)
     ab.data["summary"] = {"locals": ab.data["summary"]["locals"], "locals graphs400": ab.data["summary"]["locals"]}
     assert newest_served([warm, ab], "gpu", "qwen3-4b") is warm
+
+
+def test_a_report_whose_peer_died_mid_phase_is_no_headline():
+    from paper.results import Result
+    from paper.sections_served import newest_served
+
+    def report(day: int, peer_answered: list[int]) -> Result:
+        def runs(answered: list[int]) -> list[dict]:
+            return [{"phases": {"16": {"figures": {"requests": 48, "failed": 48 - a}}}} for a in answered]
+
+        wait = {"wait_s": {"median": 1.0, "min": 1.0, "max": 1.0, "n": 3}}
+        return Result(Path(f"serve_traffic-gpu-202601{day:02d}-000000.json"),
+                      {"model": "qwen3-4b", "rounds": 3, "agents": [16],
+                       "summary": {"locals": {"16": wait}, "mlx_lm.server": {"16": wait}},
+                       "runs": {"locals": runs([48, 48, 48]), "mlx_lm.server": runs(peer_answered)}})
+
+    burst_failed, died = report(1, [32, 32, 32]), report(2, [26, 8, 8])
+    assert newest_served([burst_failed, died], "gpu", "qwen3-4b") is burst_failed  # its burst ran out of memory
+    assert newest_served([died], "gpu", "qwen3-4b") is died  # unless it is all there is
