@@ -236,3 +236,20 @@ def test_model_with_norms_folded_into_tuned_projections_matches_mlx_ops():
     assert all(layer.mlp.fused_gate_up._routes.gated_rows == {1, 2, 3} for layer in layers)  # SwiGLU in gate/up's
     expected = _three_rows(mlx_ops_twin(model), whole=False)
     _assert_close(_three_rows(model), expected)
+
+
+@pytest.mark.parametrize("n,length", [(33, 1000), (248, 4200), (256, 8192)])
+def test_a_bucketed_chunk_through_cudnn_matches_mlx_causal_attention(n, length):
+    # cuDNN's attention with a (1, 1, queries, keys) bias over a whole 1,024-position bucket, Qwen3-4B's
+    # heads (32 queries on 8 keys, 128 wide, bfloat16), against MLX's causal attention at the exact shape.
+    from locals.engine.forward import chunk_attention as ca
+
+    mx.random.seed(n)
+    positions = -(-length // ca.ROOM_STEP) * ca.ROOM_STEP
+    q = mx.random.normal((1, 32, n, 128)).astype(mx.bfloat16)
+    k, v = (mx.random.normal((1, 8, positions, 128)).astype(mx.bfloat16) for _ in range(2))
+    want = mx.fast.scaled_dot_product_attention(q, k[:, :, :length], v[:, :, :length], scale=128 ** -0.5,
+                                                mask="causal")
+    got = ca.bucketed_attention(q, k, v, length, 128 ** -0.5)
+    assert got.shape == want.shape
+    assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=2e-2, rtol=2e-2).item()
