@@ -182,10 +182,10 @@ def _answered(f: Result) -> bool:
     would say nothing."""
     n = str(max(f.data.get("agents") or [0]))
 
-    def answered(server: str) -> float:
-        counts = [p["figures"].get("requests", 0) - p["figures"].get("failed", 0)
-                  for run in f.data.get("runs", {}).get(server, []) if (p := (run.get("phases") or {}).get(n))]
-        return sorted(counts)[len(counts) // 2] if counts else 0.0
+    def answered(server: str) -> int:
+        counts = [phase["figures"].get("requests", 0) - phase["figures"].get("failed", 0)
+                  for run in f.data.get("runs", {}).get(server, []) if (phase := (run.get("phases") or {}).get(n))]
+        return sorted(counts)[len(counts) // 2] if counts else 0
 
     ours = answered(OURS)
     return all(answered(p) >= ours - int(n) for p in PEERS if p in f.data.get("summary", {}))

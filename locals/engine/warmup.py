@@ -166,7 +166,7 @@ class ShapeWarmer:
         layer = self.model.model.layers[0]
         attn = layer.self_attn
         chunk_attention.prebuild(attn.n_heads, attn.n_kv_heads, round(attn.scale ** -2),
-                                 layer.input_layernorm.weight.dtype, [chunk], AGENTS_CONTEXT)
+                                 layer.input_layernorm.weight.dtype, chunk, AGENTS_CONTEXT)
 
     def _trace_seams(self, length: int) -> None:
         """A pass of `length` tokens (a prompt's last chunk, drafts, forced tokens) through the seams."""

@@ -95,3 +95,14 @@ def test_cpu_chunks_normalize_on_the_host_and_leave_their_inputs_alone(monkeypat
     host.host_attention(q, k, v, 0.5, causal=True)  # rewrites its own scores in place, nothing else
     for a, b in zip((q, k, v), before):
         np.testing.assert_array_equal(np.array(a), b)
+
+
+def test_the_warm_up_builds_a_chunks_bucket_at_every_buffer_size(monkeypatch):
+    seen = []
+    real = ca.bucketed_attention
+    monkeypatch.setattr(ca, "bucketed_attention",
+                        lambda q, k, v, *a: seen.append((q.shape[2], k.shape[2])) or real(q, k, v, *a))
+    ca.prebuild(4, 2, 32, mx.float32, 248, 2 * ca.ROOM_STEP)
+    assert seen == [(256, ca.ROOM_STEP), (256, 2 * ca.ROOM_STEP)]
+    ca.prebuild(4, 2, 32, mx.float32, 2048, 2 * ca.ROOM_STEP)  # a prompt read alone: not bucketed
+    assert len(seen) == 2

@@ -32,7 +32,7 @@ COMPOSED_MAX_SCORES = 1 << 23
 # to a power of two from this: smaller ones are composed (their scores are few); larger ones are
 # prompts read alone, whose attention over the whole buffer would cost more than their builds.
 BUCKET_MIN_QUERIES = 64
-BUCKET_MAX_QUERIES = 256  # the engine's step budget: every chunk read beside decoding rows
+BUCKET_MAX_QUERIES = 256  # EngineConfig.step_token_budget's default: every chunk read beside decoding rows
 
 
 ON_CUDA = detect().kind == "cuda"
@@ -88,14 +88,17 @@ def _visible_bias(n: int, width: int, length: int, positions: int, dtype) -> mx.
     return _last_bias[1]
 
 
-def prebuild(heads: int, kv_heads: int, dim: int, dtype, chunks: list[int], up_to: int) -> None:
-    """Run the bucketed attention of each chunk size in `chunks` at every buffer size up to `up_to`
-    positions once, so cuDNN has built those graphs before a request meets them (CUDA only)."""
-    for width in sorted({query_bucket(n) for n in chunks if BUCKET_MIN_QUERIES // 2 < n <= BUCKET_MAX_QUERIES}):
-        for positions in range(ROOM_STEP, up_to + 1, ROOM_STEP):
-            buffers = [mx.zeros((1, kv_heads, positions, dim), dtype) for _ in range(2)]
-            q = mx.zeros((1, heads, width, dim), dtype)
-            mx.eval(bucketed_attention(q, *buffers, positions, dim ** -0.5))
+def prebuild(heads: int, kv_heads: int, dim: int, dtype, chunk: int, up_to: int) -> None:
+    """Run the bucketed attention of a `chunk`-token chunk at every buffer size up to `up_to`
+    positions once, so cuDNN has built those graphs before a request meets them (CUDA only; nothing
+    for a chunk that is not bucketed)."""
+    if not BUCKET_MIN_QUERIES // 2 < chunk <= BUCKET_MAX_QUERIES:
+        return
+    width = query_bucket(chunk)
+    for positions in range(ROOM_STEP, up_to + 1, ROOM_STEP):
+        buffers = [mx.zeros((1, kv_heads, positions, dim), dtype) for _ in range(2)]
+        q = mx.zeros((1, heads, width, dim), dtype)
+        mx.eval(bucketed_attention(q, *buffers, positions, dim ** -0.5))
 
 
 def composed_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
