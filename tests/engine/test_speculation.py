@@ -8,6 +8,8 @@ import json
 
 import mlx.core as mx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from locals.engine.engine import Engine
 from locals.engine.forward.kv import DecodeBatch, RowKV
@@ -28,6 +30,33 @@ def test_ngram_index_proposes_what_followed_the_latest_longest_match():
     index.extend([6])  # [..., 4, 6] never occurred, nor did [6]
     assert index.propose(4) == [] and not index.has_match()
     assert index.propose(0) == []
+
+
+def _latest_continuation(tokens: list[int], k: int) -> list[int]:
+    """What the index must propose, by brute force: after the latest earlier occurrence of the
+    longest tail (4, 3, then 2 tokens) that has a continuation."""
+    for n in (4, 3, 2):
+        tail = tokens[-n:]
+        for j in range(len(tokens) - 1, n - 1, -1):
+            if len(tokens) >= n and tokens[j - n : j] == tail:
+                return tokens[j : j + k]
+    return []
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 6), max_size=300), st.lists(st.integers(0, 300), max_size=4),
+       st.integers(1, 8))
+def test_ngram_index_built_at_once_in_pieces_or_a_token_at_a_time_proposes_the_latest_match(tokens, cuts, k):
+    # A small alphabet makes many matches; pieces past 64 tokens are hashed by numpy, shorter ones token by token.
+    bounds = [0, *sorted(c for c in cuts if c < len(tokens)), len(tokens)]
+    index = NgramIndex()
+    for a, b in zip(bounds, bounds[1:]):
+        index.extend(tokens[a:b])
+        assert index.propose(k) == _latest_continuation(tokens[:b], k)
+    single = NgramIndex()
+    for t in tokens:
+        single.extend([t])
+    assert single.propose(k) == index.propose(k)
 
 
 def test_draft_length_adapts_and_pauses_after_misses():

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 NGRAM_SIZES = (4, 3, 2)  # longest match first: a 4-token match predicts better than a 2-token one
+# N-grams are keyed by a 64-bit polynomial hash (a lookup checks the tokens): numpy hashes a whole
+# prompt at once. The index is built in the engine thread as a request is admitted, while every
+# decoding row waits; tuples of tokens as keys, a Python loop a token, took 10 ms for a 10k-token
+# prompt, hashed 2.6 (docs/benchmarks-log.md, "The prompt-lookup index, hashed by numpy").
+_HASH_MUL = 0x9E3779B97F4A7C15
+_MASK = (1 << 64) - 1
 
 
 class NgramIndex:
@@ -18,16 +26,36 @@ class NgramIndex:
     def __init__(self, sizes: tuple[int, ...] = NGRAM_SIZES):
         self.sizes = sizes
         self.tokens: list[int] = []
-        self._after: dict[tuple[int, ...], int] = {}
+        self._after: dict[int, dict[int, int]] = {n: {} for n in sizes}  # size -> hash -> position
 
     def extend(self, tokens: list[int]) -> None:
+        if len(tokens) > 64:  # a prompt, or a long forced run: hashed by numpy, all at once
+            return self._extend_many(tokens)
         for token in tokens:
             j = len(self.tokens)
             # The n-grams ending at j-1 now have a known continuation: tokens[j].
             for n in self.sizes:
                 if j >= n:
-                    self._after[tuple(self.tokens[j - n : j])] = j
+                    self._after[n][_hash(self.tokens[j - n : j])] = j
             self.tokens.append(token)
+
+    def _extend_many(self, tokens: list[int]) -> None:
+        before = len(self.tokens)
+        self.tokens.extend(tokens)
+        # Every n-gram that now has a continuation: those ending at positions before-1 .. len-2.
+        arr = np.asarray(self.tokens[max(before - max(self.sizes), 0):], dtype=np.uint64)
+        offset = max(before - max(self.sizes), 0)
+        with np.errstate(over="ignore"):
+            for n in self.sizes:
+                if len(arr) <= n:
+                    continue
+                h = np.zeros(len(arr) - n, dtype=np.uint64)  # the n-gram starting at i, for i < len - n
+                for i in range(n):
+                    h = h * np.uint64(_HASH_MUL) + arr[i : len(arr) - n + i]
+                after = np.arange(offset + n, offset + len(arr), dtype=np.int64)
+                keep = after >= before  # continuations not indexed yet
+                # Later positions come later in the zip: the latest occurrence wins, as in extend.
+                self._after[n].update(zip(h[keep].tolist(), after[keep].tolist()))
 
     def propose(self, k: int) -> list[int]:
         """Up to `k` tokens that followed the longest n-gram the list ends with; [] when none did."""
@@ -36,13 +64,22 @@ class NgramIndex:
         for n in self.sizes:
             if len(self.tokens) < n:
                 continue
-            at = self._after.get(tuple(self.tokens[-n:]))
-            if at is not None:
+            tail = self.tokens[-n:]
+            at = self._after[n].get(_hash(tail))
+            if at is not None and self.tokens[at - n : at] == tail:  # not a hash collision
                 return self.tokens[at : at + k]
         return []
 
     def has_match(self) -> bool:
         return bool(self.propose(1))
+
+
+def _hash(tokens: list[int]) -> int:
+    """The n-gram's key: the same polynomial numpy computes in `_extend_many`, modulo 2^64."""
+    h = 0
+    for t in tokens:
+        h = (h * _HASH_MUL + t) & _MASK
+    return h
 
 
 @dataclass
