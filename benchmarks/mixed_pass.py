@@ -16,6 +16,7 @@ attention's share, and every layer's matmuls on B + N
 random tokens (joined q/k/v, o, joined gate/up, down), which tell theirs.
     python benchmarks/mixed_pass.py [--random-model qwen3-4b] [--batch 8] [--chunk-rows 4] [--chunk 4]
     python benchmarks/mixed_pass.py --random-model qwen3-4b --batch 8 --context 6000 --prompt 24,56,120,248 --prompt-at 4096
+        [--compile-max-tokens 320]
 """
 
 from __future__ import annotations
@@ -139,14 +140,18 @@ def _packing(linear) -> int:
     return 32 // bits if bits else 1
 
 
-def prompt_cases(loaded, args) -> list[dict]:
-    """For each chunk size: the decode pass, the prompt chunk alone and beside it, the chunk's
-    attention both ways and the pass's matmuls, on a model set up as the engine serves it (an
-    engine built, never started)."""
+def prompt_cases(loaded, args) -> dict:
+    """For each chunk size ("chunks"): the decode pass, the prompt chunk alone and beside it, the
+    chunk's attention both ways and the pass's matmuls, on a model set up as the engine serves it
+    (an engine built, never started); and how that model's q/k/v layer routes row counts ("routes":
+    tuned kernels, and the dense matmul wide passes take)."""
     from locals.engine.engine import Engine
+    from locals.engine.forward.choices import ForwardChoices
     from locals.engine.settings import EngineConfig
 
-    runner = Engine(loaded, EngineConfig(prefix_cache_bytes=0)).runner
+    forward = ForwardChoices() if args.compile_max_tokens is None else ForwardChoices(
+        compile_max_tokens=args.compile_max_tokens)
+    runner = Engine(loaded, EngineConfig(prefix_cache_bytes=0, forward=forward)).runner
     kvs, prompt = decode_batch(runner.model, args.batch, args.context), prompt_cache(runner.model, args.prompt_at)
 
     def fused(q, keys, values, scale, _buffers):
@@ -183,7 +188,7 @@ def prompt_cases(loaded, args) -> list[dict]:
             f"{k}_ms": {"median": round(statistics.median(v), 3), "min": round(min(v), 3), "max": round(max(v), 3)}
             for k, v in samples.items()}})
         print(results[-1], flush=True)
-    return results
+    return {"routes": repr(getattr(runner.model.layers[0].self_attn.fused_qkv, "_routes", None)), "chunks": results}
 
 
 def main() -> None:
@@ -197,13 +202,15 @@ def main() -> None:
     ap.add_argument("--prompt", type=lambda v: [int(n) for n in v.split(",")], default=[],
                     help="prompt chunks of these many tokens beside the batch, one at a time (e.g. 24,56,120,248)")
     ap.add_argument("--prompt-at", type=int, default=4096, help="the prompt's tokens cached before that chunk")
+    ap.add_argument("--compile-max-tokens", type=int, default=None,
+                    help="with --prompt: passes up to this many tokens run as compiled seams (default: the engine's)")
     args = ap.parse_args()
     if needs_fast_blas_reexec():
         reexec_with_fast_blas()  # the CPU numbers assume OpenBLAS, like the CLI
     loaded, _theirs, label = load_pair(args.random_model)
     if args.prompt:
         result = {"model": label, "batch": args.batch, "context": args.context, "rounds": args.rounds,
-                  "chunks": prompt_cases(loaded, args)}
+                  "compile_max_tokens": args.compile_max_tokens, **prompt_cases(loaded, args)}
         for k, v in result.items():
             print(f"{k:24s} {v}")
         print(f"results: {write_results('mixed_pass', result)}")
