@@ -1,5 +1,6 @@
 """The kernels a loaded model gets before its engine runs, on GPUs: tuned small-batch matmuls
-(kernels/registry.py), dense matmuls for wide passes on CUDA, and the fused layer kernels
+(kernels/registry.py), dense matmuls for wide passes on CUDA (on copies of the weights dequantized
+here, where they fit), and the fused layer kernels
 (kernels/fused.py). Each is an optimisation: a failure logs and leaves MLX's own ops."""
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ def patch_kernels(loaded) -> tuple[int, int]:
         return 0, 0
     try:
         from locals.engine.kernels import patch_model
-        from locals.engine.kernels.registry import route_wide_passes
+        from locals.engine.kernels.registry import DENSE_ROWS, kept_copy_bytes, route_wide_passes
         from locals.engine.kernels.tuning.tuner import untuned
 
         patched, left = patch_model(loaded.model), untuned(loaded.model)
         if backend.kind == "cuda":
-            route_wide_passes(loaded.model)  # prompt chunks: dense matmuls (registry.WIDE_ROWS)
+            route_wide_passes(loaded.model, backend.memory_bytes)  # prompt chunks: dense matmuls
+            copies = kept_copy_bytes(loaded.model)
+            if copies:
+                log.info("kernels: passes of %d rows or more multiply dense copies of the weights (%.1f GB of "
+                         "GPU memory)", DENSE_ROWS, copies / 1e9)
         if left:
             # Not a warning: served, a tuned table started later and held a lone agent's requests
             # (docs/tune.md, "What a tuned table costs a served start").

@@ -352,6 +352,32 @@ def test_wide_passes_take_dense_matmuls_and_fewer_rows_keep_their_routes():
     assert reroute(model, later) == 2 and all(layer._routes.wide is not None for layer in model.layers)
 
 
+def test_wide_passes_read_dense_copies_where_they_fit_and_keep_them_out_of_the_parameters():
+    from mlx.utils import tree_flatten
+
+    from locals.engine.kernels.registry import (DENSE_ROWS, DENSE_SHARE, dense_copy_bytes, kept_copy_bytes,
+                                                route_wide_passes)
+
+    model = _quantized_mlp()
+    few, wide = mx.random.normal((8, 128)), mx.random.normal((DENSE_ROWS, 128))
+    expected_few, expected_wide = model(few), model(wide)
+    parameters = {k: v.shape for k, v in tree_flatten(model.parameters())}
+    copies = dense_copy_bytes(list(model.layers))
+    assert copies == 4 * (192 * 128 + 64 * 192)  # float32 scales: float32 copies
+    assert route_wide_passes(model, memory_bytes=int(copies / DENSE_SHARE)) == 2
+    assert kept_copy_bytes(model) == copies
+    for layer in model.layers:
+        assert layer._routes.get(DENSE_ROWS - 1) is None and layer._routes.get(DENSE_ROWS).name == "dense-copy"
+        assert layer._routes.get(DENSE_ROWS).weight.dtype == layer["scales"].dtype
+    assert {k: v.shape for k, v in tree_flatten(model.parameters())} == parameters  # not saved, not trained
+    assert mx.array_equal(model(few), expected_few)
+    assert mx.allclose(model(wide), expected_wide, rtol=1e-4, atol=1e-4)
+    small = _quantized_mlp()  # a card too small for the copies: the weights dequantized per call, from 256 rows
+    route_wide_passes(small, memory_bytes=int(copies / DENSE_SHARE) - 1)
+    assert kept_copy_bytes(small) == 0
+    assert small.layers[0]._routes.get(DENSE_ROWS) is None and small.layers[0]._routes.get(256).name == "mlx-dequant"
+
+
 def test_model_problems_lists_distinct_layer_shapes():
     problems = model_problems(_quantized_mlp())
     assert {p.key for p in problems} == {"q4-g64-float32-192x128", "q4-g64-float32-64x192"}

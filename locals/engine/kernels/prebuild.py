@@ -2,7 +2,7 @@
 
 MLX 0.32's CUDA quantized matmul compiles one CUTLASS module per row tile the first time a pass
 needs it (`qmm_sm80_*_m16/m32/m64`: passes of 8-16, 17-32 and 33+ rows below the dense path's
-registry.WIDE_ROWS), 35-50 s each with CUDA's runtime compiler on an H100, then keeps it on disk
+registry.DENSE_ROWS or WIDE_ROWS), 35-50 s each with CUDA's runtime compiler on an H100, then keeps it on disk
 (MLX_PTX_CACHE_DIR). The warm-up's passes met one tile; served passes of other row counts met the
 other two after ready, each holding every stream for ~50 s (docs/benchmarks-log.md, "MLX's
 quantized-matmul tiles, built ahead"). Compiled one after another in the warm-up they would add

@@ -54,6 +54,22 @@ class DequantizedCandidate:
         return x @ dense.T
 
 
+class DenseCopy:
+    """One layer's weights dequantized once to the scales' dtype and kept: a dense matmul with
+    nothing expanded per call. Each layer has its own (registry.route_wide_passes, where the
+    copies fit); the arguments after x are the quantized weights' and go unread."""
+
+    name = "dense-copy"
+    launches = 1
+
+    def __init__(self, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int):
+        self.weight = mx.dequantize(w, scales, biases, group_size=group_size, bits=bits).astype(scales.dtype)
+        mx.eval(self.weight)  # one layer at a time: no model-sized peak of pending copies
+
+    def __call__(self, x, w, scales, biases, group_size: int, bits: int) -> mx.array:
+        return x @ self.weight.T
+
+
 class PaddedCandidate:
     """MLX's own op with the rows zero-padded to `rows_to`: on CUDA, MLX 0.32's quantized
     matmul re-reads the weights per row below 8 rows but not at 8, so padding 2..7 rows

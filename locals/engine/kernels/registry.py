@@ -3,8 +3,9 @@
 A layer is swapped only when this chip's tuning table (same MLX version, same kernel
 sources) chose a verified candidate for the layer's problem at some row count; the
 swapped layer uses that candidate for those row counts and MLX's own op for all others.
-Without a table nothing changes, but on CUDA (`route_wide_passes`): passes of WIDE_ROWS rows
-or more, prompt chunks, dequantize the weights and run a dense matmul.
+Without a table nothing changes, but on CUDA (`route_wide_passes`): wide passes, prompt chunks,
+run a dense matmul, on copies of the weights dequantized once where they fit (from DENSE_ROWS
+rows), else on the weights dequantized for the call (from WIDE_ROWS rows).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
 from locals.engine.kernels import glu, normfold
-from locals.engine.kernels.reference import DequantizedCandidate
+from locals.engine.kernels.reference import DenseCopy, DequantizedCandidate
 from locals.engine.kernels.resident import float_constant
 from locals.engine.kernels.tuning.tuner import (MLX_OP, Problem, TuningTable, current_chip, default_candidates,
                                                 fill_rows, load_table, problem_of, tied_head)
@@ -25,6 +26,15 @@ from locals.engine.kernels.tuning.tuner import (MLX_OP, Problem, TuningTable, cu
 # matmul, whose time grows with the rows as if each row tile read the weights again: 1.0-1.1x at
 # 256 rows, 1.5-1.8x at 512, 2.9-3.3x at 2,048 (docs/benchmarks-log.md, "Prompt chunks: dense matmuls on CUDA").
 WIDE_ROWS = 256
+# With dense copies of the weights kept beside the quantized ones, passes of this many rows or more
+# multiply those: Qwen3-4B's matmuls took 4.1 ms against MLX's quantized 4.3 at 64 rows, 4.3 against
+# 13.7 (and 12.3 dequantizing per call) at 256 on an H100, MLX's a little faster at 33 (3.9 against
+# 4.3); MLX's doubles past 64 rows (a second row tile): a 72-row pass's 8.0 ms fell to 4.9
+# (docs/benchmarks-log.md, "Dense copies of the weights for prompt chunks"). The copies are kept
+# where they take at most DENSE_SHARE of the card's memory (Qwen3-4B's: 7.3 GB in bfloat16), else
+# that memory stays the caches'.
+DENSE_ROWS = 64
+DENSE_SHARE = 1 / 8
 
 _swaps = {"count": 0}  # bumped by modules_swapped(): compiled graphs of older modules are stale
 
@@ -128,22 +138,22 @@ def _routed(layer, x: mx.array) -> mx.array | None:
 
 
 class _Routes:
-    """Row count -> kernel; `wide` from WIDE_ROWS rows on; other row counts use MLX's op."""
+    """Row count -> kernel; `wide` from `wide_from` rows on; other row counts use MLX's op."""
 
-    def __init__(self, kernels: dict[int, object], wide=None):
+    def __init__(self, kernels: dict[int, object], wide=None, wide_from: int = WIDE_ROWS):
         self.kernels = dict(kernels)
-        self.wide = wide
+        self.wide, self.wide_from = wide, wide_from
         self.gated_rows: set[int] = set()  # row counts whose kernel writes silu(gate) * up (fold_gated)
         self.norm_rows: set[int] = set()  # ... whose kernel also adds the residual and normalizes (fold_norm)
         self.count = None  # the add + norm kernel's launch counter, this layer's own (normfold.py)
 
     def get(self, rows: int):
         kernel = self.kernels.get(rows)
-        return self.wide if kernel is None and rows >= WIDE_ROWS else kernel
+        return self.wide if kernel is None and rows >= self.wide_from else kernel
 
     def __repr__(self) -> str:
         names = sorted({k.name for k in self.kernels.values()})
-        folded = f", {self.wide.name} from {WIDE_ROWS} rows" if self.wide is not None else ""
+        folded = f", {self.wide.name} from {self.wide_from} rows" if self.wide is not None else ""
         folded += f", silu(gate) * up at rows {sorted(self.gated_rows)}" if self.gated_rows else ""
         folded += f", add + norm folded at rows {sorted(self.norm_rows)}" if self.norm_rows else ""
         return f"rows {sorted(self.kernels)} -> {', '.join(names)}{folded}"
@@ -232,20 +242,39 @@ def patch_model(model: nn.Module, table: TuningTable | None = None) -> int:
     return len(swaps)
 
 
-def route_wide_passes(model: nn.Module) -> int:
+def route_wide_passes(model: nn.Module, memory_bytes: int = 0) -> int:
     """On CUDA: every quantized linear (tuned or not; not a tied head, which reads a pass's last
-    tokens only) takes passes of WIDE_ROWS rows or more to dequantize-then-matmul; returns how many."""
-    wide, routed, swaps = DequantizedCandidate(), 0, []
-    for path, layer in model.named_modules():
-        if isinstance(layer, TunedQuantizedLinear):
-            layer._routes.wide, routed = wide, routed + 1
-        elif layer_problem(layer) is not None:
-            swaps.append((path, TunedQuantizedLinear(layer, {}, wide)))
+    tokens only) takes wide passes to a dense matmul: on a copy of its weights dequantized now
+    when all the copies fit in DENSE_SHARE of `memory_bytes` (the card's), from DENSE_ROWS rows;
+    else on its weights dequantized for the call, from WIDE_ROWS rows. Returns how many layers."""
+    layers = [(path, layer) for path, layer in model.named_modules()
+              if isinstance(layer, TunedQuantizedLinear) or layer_problem(layer) is not None]
+    copies = dense_copy_bytes([layer for _, layer in layers]) <= memory_bytes * DENSE_SHARE
+    shared, swaps = DequantizedCandidate(), []
+    for path, layer in layers:
+        wide = DenseCopy(layer["weight"], layer["scales"], layer["biases"], layer.group_size,
+                         layer.bits) if copies else shared
+        if not isinstance(layer, TunedQuantizedLinear):
+            layer = TunedQuantizedLinear(layer, {})
+            swaps.append((path, layer))
+        layer._routes.wide, layer._routes.wide_from = wide, DENSE_ROWS if copies else WIDE_ROWS
     if swaps:
         model.update_modules(tree_unflatten(swaps))
-    if routed or swaps:
+    if layers:
         modules_swapped()
-    return routed + len(swaps)
+    return len(layers)
+
+
+def kept_copy_bytes(model: nn.Module) -> int:
+    """Bytes of the dense copies `route_wide_passes` kept for `model`'s layers (0: none)."""
+    return sum(layer._routes.wide.weight.nbytes for _, layer in model.named_modules()
+               if isinstance(layer, TunedQuantizedLinear) and isinstance(layer._routes.wide, DenseCopy))
+
+
+def dense_copy_bytes(layers: list[nn.Module]) -> int:
+    """Bytes of the quantized `layers`' weights dequantized to their scales' dtype."""
+    return sum(layer["scales"].dtype.size * layer["weight"].shape[0] * layer["weight"].shape[1] * 32 // layer.bits
+               for layer in layers)
 
 
 def reroute(model: nn.Module, table: TuningTable) -> int:
@@ -262,7 +291,7 @@ def reroute(model: nn.Module, table: TuningTable) -> int:
         routes = _routes_for(problem, table, candidates)
         if _names(routes) == _names(layer._routes.kernels):
             continue
-        layer._routes = _Routes(routes, layer._routes.wide)
+        layer._routes = _Routes(routes, layer._routes.wide, layer._routes.wide_from)
         if isinstance(layer, TunedQuantizedLinear):
             _fold_activation(path, layer)
         changed += 1
