@@ -43,8 +43,8 @@ class NgramIndex:
         before = len(self.tokens)
         self.tokens.extend(tokens)
         # Every n-gram that now has a continuation: those ending at positions before-1 .. len-2.
-        arr = np.asarray(self.tokens[max(before - max(self.sizes), 0):], dtype=np.uint64)
         offset = max(before - max(self.sizes), 0)
+        arr = np.asarray(self.tokens[offset:], dtype=np.uint64)
         with np.errstate(over="ignore"):
             for n in self.sizes:
                 if len(arr) <= n:
