@@ -13,10 +13,8 @@ from locals import settings
 from locals.config import cache_dir
 from locals.engine.cache.disk_cache import DiskPrefixStore, model_key
 from locals.engine.engine import Engine
-from locals.engine.cache.prefix_cache import MemoryPrefixCache
 from locals.engine.rows.repetition import RepetitionSettings, repetition_guard_factory
 from locals.engine.settings import EngineConfig
-from locals.engine.cache.tiered_cache import TieredPrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +31,11 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
                   disk_cache_bytes: int = DISK_CACHE_BYTES) -> Engine:
     """The engine with every agent feature on (not started)."""
     config = config or config_from_settings()
-    memory = MemoryPrefixCache(config.prefix_cache_bytes)
-    cache = memory
-    if disk_cache and config.prefix_cache_bytes > 0:
+    disk = None
+    if disk_cache and config.prefix_cache_bytes != 0:  # None: sized by the engine, never 0
         key = model_key(loaded.model_id, loaded.tokenizer, revision=loaded.info.get("revision", ""))
-        cache = TieredPrefixCache(memory, DiskPrefixStore(cache_dir() / "prompts", key, disk_cache_bytes))
-    engine = Engine(loaded, config, prefix_cache=cache, guards=[repetition_guard_factory(repetition)])
+        disk = DiskPrefixStore(cache_dir() / "prompts", key, disk_cache_bytes)
+    engine = Engine(loaded, config, disk_prefix=disk, guards=[repetition_guard_factory(repetition)])
     _warm_constraints(loaded)
     return engine
 

@@ -27,11 +27,13 @@ from locals.engine.inbox import Cancel, Message, Sink, Submit, Wake
 from locals.engine.forward.fuse import fuse_projections
 from locals.engine.forward.kv import DecodeBatch, RowKV, kv_bytes_per_token
 from locals.engine.rows.lookup import DraftPolicy
-from locals.engine.cache.prefix_cache import MemoryPrefixCache, NoPrefixCache, PrefixCache
+from locals.engine.cache.disk_cache import DiskPrefixStore
+from locals.engine.cache.prefix_cache import PrefixCache
 from locals.engine.scheduler import Scheduler
 from locals.engine.rows.sequence import Sequence
 from locals.engine.settings import EngineConfig
 from locals.engine.cache.shared_prefill import SharedPrefill
+from locals.engine.cache.tiered_cache import prefix_cache_of
 from locals.engine.stats import Counters
 from locals.engine.warmup import ShapeWarmer, compile_stats
 from locals.engine.kernel_setup import fuse_kernels, patch_kernels
@@ -61,8 +63,8 @@ class Engine:
     """Continuous batching over one loaded model."""
 
     def __init__(self, loaded, config: EngineConfig | None = None, *,
-                 prefix_cache: PrefixCache | None = None, admission: Admission | None = None,
-                 guards: list[GuardFactory] | tuple = ()):
+                 prefix_cache: PrefixCache | None = None, disk_prefix: DiskPrefixStore | None = None,
+                 admission: Admission | None = None, guards: list[GuardFactory] | tuple = ()):
         self.loaded = loaded
         self.model = loaded.model
         self.config = config or EngineConfig()
@@ -71,11 +73,11 @@ class Engine:
         self.patched_layers, self.untuned_pairs = patch_kernels(loaded) if self.config.tuned_kernels else (0, 0)
         self.fused_kernel_layers = fuse_kernels(loaded) if self.config.tuned_kernels else {}
         self.tokenizer = loaded.tokenizer
+        # Both budgets after the kernels: on CUDA their weight copies are memory the caches can't have.
         self.kv_budget = self.config.resolved_kv_budget()
         self.bytes_per_token = kv_bytes_per_token(self.model)
         if prefix_cache is None:
-            size = self.config.prefix_cache_bytes
-            prefix_cache = MemoryPrefixCache(size) if size > 0 else NoPrefixCache()
+            prefix_cache = prefix_cache_of(self.config.resolved_prefix_cache_bytes(), disk_prefix)
         self.prefix_cache = prefix_cache
         self.admission = admission or KVBudgetAdmission(self.kv_budget, self.bytes_per_token)
         self.guard_factories = list(guards)

@@ -32,8 +32,9 @@ class EngineConfig:
     min_prefill_chunk: int = 32
     # Bytes of KV the engine may hold (admission); None = half of `available_memory()` at start.
     kv_budget_bytes: int | None = None
-    # Bytes the in-memory prefix cache may keep; 0 disables it.
-    prefix_cache_bytes: int = field(default_factory=lambda: default_prefix_cache_bytes())
+    # Bytes the in-memory prefix cache may keep; 0 disables it; None = a quarter of
+    # `available_memory()` at start (like the KV budget, after the kernels' weight copies exist).
+    prefix_cache_bytes: int | None = None
     # Queue step n+1 before reading step n's tokens. Not on the CPU: there a step's attention is
     # evaluated while the step is built (forward/host_attention.py), so nothing would overlap and
     # step n's tokens would wait for step n+1.
@@ -68,6 +69,12 @@ class EngineConfig:
         if self.kv_budget_bytes is not None:
             return int(self.kv_budget_bytes)
         return int(available_memory() * 0.5)
+
+    def resolved_prefix_cache_bytes(self) -> int:
+        """The in-memory prefix cache's budget in bytes, deriving the default from free memory now."""
+        if self.prefix_cache_bytes is not None:
+            return int(self.prefix_cache_bytes)
+        return default_prefix_cache_bytes()
 
 
 def available_memory() -> int:

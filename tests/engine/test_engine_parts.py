@@ -412,7 +412,7 @@ def test_engine_settings_from_the_environment(monkeypatch):
         monkeypatch.delenv(name)
     default = config_from_settings()
     assert default.speculate is True and default.tuned_kernels is True
-    assert default.prefix_cache_bytes >= 256 * 2**20
+    assert default.prefix_cache_bytes is None and default.resolved_prefix_cache_bytes() >= 256 * 2**20
 
 
 def _join_rows(batch: DecodeBatch, lengths: list[int]) -> tuple[list[RowKV], list, list[int]]:

@@ -55,3 +55,33 @@ def test_detect_reads_the_cards_own_memory_on_cuda(monkeypatch):
     monkeypatch.setattr(mx, "device_info", lambda: info)
     found = backend.detect()
     assert (found.kind, found.memory_bytes, found.device_name) == ("cuda", 85_045_870_592, "NVIDIA H100 80GB HBM3")
+
+
+def test_the_engine_sizes_its_caches_after_the_kernels_took_their_memory(monkeypatch, tiny_llama):
+    # On CUDA the kernels keep dense copies of the weights (kernel_setup.patch_kernels): 8 GB here,
+    # which neither the KV budget nor the prefix cache may plan in.
+    from locals.engine import engine as engine_module
+    from locals.engine.cache.prefix_cache import MemoryPrefixCache
+
+    _machine(monkeypatch, "cuda", device_gb=80, host_gb=128, active_gb=2)
+
+    def copies_made(loaded):
+        monkeypatch.setattr(mx, "get_active_memory", lambda: 10 * GB)
+        return 0, 0
+
+    monkeypatch.setattr(engine_module, "patch_kernels", copies_made)
+    engine = engine_module.Engine(tiny_llama, EngineConfig(warm_up_s=0))
+    left = int(80 * GB * 0.95) - 10 * GB
+    assert isinstance(engine.prefix_cache, MemoryPrefixCache)
+    assert (engine.kv_budget, engine.prefix_cache.budget_bytes) == (int(left * 0.5), int(left * 0.25))
+
+
+def test_create_engine_puts_the_disk_behind_memory_unless_the_cache_is_off(tiny_llama):
+    from locals.engine.assemble import create_engine
+    from locals.engine.cache.prefix_cache import NoPrefixCache
+    from locals.engine.cache.tiered_cache import TieredPrefixCache
+
+    on = create_engine(tiny_llama, EngineConfig(prefix_cache_bytes=64 * 2**20, tuned_kernels=False))
+    assert isinstance(on.prefix_cache, TieredPrefixCache) and on.prefix_cache.memory.budget_bytes == 64 * 2**20
+    off = create_engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, tuned_kernels=False))
+    assert isinstance(off.prefix_cache, NoPrefixCache)

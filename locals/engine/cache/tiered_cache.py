@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from locals.engine.cache.disk_cache import DiskPrefixStore
 from locals.engine.forward.kv import LayerKV
-from locals.engine.cache.prefix_cache import MemoryPrefixCache, PrefixCache
+from locals.engine.cache.prefix_cache import MemoryPrefixCache, NoPrefixCache, PrefixCache
 
 # Host copy per engine-loop turn while requests run: at most this many bytes, and past this many
 # seconds no further head's rows. Into host pages already touched (by HostCopy.prepare, off this
@@ -28,6 +28,15 @@ BUSY_SLICE_S = 0.001
 # With no request running, larger slices between checks of the inbox, so a request that
 # arrives waits at most one slice (26-35 ms here).
 IDLE_SLICE_BYTES = 256 << 20
+
+
+def prefix_cache_of(budget_bytes: int, disk: DiskPrefixStore | None = None) -> PrefixCache:
+    """The engine's prefix cache: in memory under `budget_bytes` (0: none at all), with `disk`
+    behind it where given."""
+    if budget_bytes <= 0:
+        return NoPrefixCache()
+    memory = MemoryPrefixCache(budget_bytes)
+    return TieredPrefixCache(memory, disk) if disk is not None else memory
 
 
 class TieredPrefixCache(PrefixCache):
