@@ -62,10 +62,10 @@ HOME = Setting("LOCALS_HOME", str, None, "put all of locals' folders (state, cac
                "unset")
 KV_BUDGET_MB = Setting("LOCALS_KV_BUDGET_MB", float, None,
                        "KV memory the engine may reserve for requests (the memory guard)",
-                       "half of available memory (on CUDA, of the GPU's)")
+                       "half of available memory at start (on CUDA, of the GPU's, after the weights and their copies)")
 PREFIX_CACHE_MB = Setting("LOCALS_PREFIX_CACHE_MB", float, None,
                           "memory the prompt cache may keep between requests; `0` turns the prompt cache off",
-                          "a quarter of available memory (on CUDA, of the GPU's; ≥ 256)")
+                          "a quarter of available memory at start (measured as for the KV budget; ≥ 256)")
 MAX_BATCH = Setting("LOCALS_MAX_BATCH", int, 64, "most replies written at once; more wait")
 SPECULATE = Setting("LOCALS_SPECULATE", bool, True, "`0` (or `off`, `false`, `no`) turns off drafting from the context",
                     "on")
