@@ -20,12 +20,15 @@ class EngineConfig:
     max_batch: int = 64
     # Tokens one forward pass may carry (decode rows count 1 each); prompts are
     # read in chunks of what is left, so a long prompt never stalls the others for long.
-    step_token_budget: int = 256
+    # 256 on a GPU, 64 on the CPU, where a step's time grows with its tokens: served to 8 agents
+    # there, 64 halved the token gap p99 (1.35-1.38 s to 0.66-0.67) and the agents waited 8% less
+    # (docs/benchmarks-log.md, "CPU: a smaller step budget beside decoding rows").
+    step_token_budget: int = field(default_factory=lambda: default_step_token_budget())
     # With no row decoding, prompts are read in chunks this many times the budget: bigger matmuls,
-    # fewer steps (on a GPU 256-token chunks leave most of it idle). On the CPU a chunk's softmax
-    # grows with its keys and the matmuls are as fast at 256: a 2,048-token prompt read in 2,048-
-    # token chunks took 13 s, in 256-token chunks 7-8 (docs/benchmarks-log.md, "CPU: attention's
-    # softmax in numpy").
+    # fewer steps (on a GPU 256-token chunks leave most of it idle: 8, 2,048-token chunks). On the
+    # CPU 4 (256-token chunks): a chunk's softmax grows with its keys and the matmuls are as fast at
+    # 256: a 2,048-token prompt read in 2,048-token chunks took 13 s, in 256-token chunks 7-8
+    # (docs/benchmarks-log.md, "CPU: attention's softmax in numpy").
     solo_prefill_factor: int = field(default_factory=lambda: default_solo_prefill_factor())
     # Smallest prompt chunk per step, even when decode rows used up the budget, so
     # prefill always advances.
@@ -107,8 +110,15 @@ def default_pipeline() -> bool:
     return not SOFTMAX_ON_HOST
 
 
-def default_solo_prefill_factor() -> int:
-    """8 on a GPU, 1 on the CPU (see `EngineConfig.solo_prefill_factor`)."""
+def default_step_token_budget() -> int:
+    """256 on a GPU, 64 on the CPU (see `EngineConfig.step_token_budget`)."""
     from locals.engine.load.backend import detect
 
-    return 1 if detect().kind == "cpu" else 8
+    return 64 if detect().kind == "cpu" else 256
+
+
+def default_solo_prefill_factor() -> int:
+    """8 on a GPU, 4 on the CPU: 2,048- and 256-token chunks (see `EngineConfig.solo_prefill_factor`)."""
+    from locals.engine.load.backend import detect
+
+    return 4 if detect().kind == "cpu" else 8

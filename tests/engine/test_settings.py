@@ -85,3 +85,14 @@ def test_create_engine_puts_the_disk_behind_memory_unless_the_cache_is_off(tiny_
     assert isinstance(on.prefix_cache, TieredPrefixCache) and on.prefix_cache.memory.budget_bytes == 64 * 2**20
     off = create_engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, tuned_kernels=False))
     assert isinstance(off.prefix_cache, NoPrefixCache)
+
+
+def test_steps_carry_64_tokens_beside_decoding_rows_on_the_cpu_and_256_on_a_gpu(monkeypatch):
+    # Read alone, a prompt advances 256 tokens a step on the CPU and 2,048 on a GPU.
+    from locals.engine.scheduler import Scheduler
+
+    for kind, budget, alone in (("cpu", 64, 256), ("cuda", 256, 2048), ("metal", 256, 2048)):
+        _machine(monkeypatch, kind, device_gb=16, host_gb=16)
+        config = EngineConfig()
+        scheduler = Scheduler(config.step_token_budget, config.min_prefill_chunk, config.solo_prefill_factor)
+        assert (scheduler.token_budget, scheduler.solo_budget) == (budget, alone), kind

@@ -22,8 +22,8 @@ from tests.helpers.engine_runs import Collector, make_prompts, run_alone, wait_f
 from tests.helpers.kernel_models import as_on_a_gpu
 
 # What a GPU's engine does by default and the CPU's does not: compile short passes (and so
-# compile them ahead), and read a prompt alone 8 budgets a step.
-AS_ON_A_GPU = dict(forward=as_on_a_gpu(), solo_prefill_factor=8)
+# compile them ahead), 256 tokens a step, and read a prompt alone 8 budgets a step.
+AS_ON_A_GPU = dict(forward=as_on_a_gpu(), step_token_budget=256, solo_prefill_factor=8)
 
 
 @pytest.mark.parametrize("max_batch", [1, 4, 5, 12, 64])
@@ -140,7 +140,7 @@ def test_where_every_step_takes_long_only_the_stalls_among_them_are_long_gaps(mo
 def _traces_until_ready(tiny_llama, caplog) -> tuple[list[str], dict]:
     """What an engine that compiles ahead (a tiny budget) traced before it said ready, and its stats then."""
     engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=8, speculate=False, warm_up_s=1e-6,
-                                             step_token_budget=64, kv_budget_bytes=64 << 20, **AS_ON_A_GPU))
+                                             kv_budget_bytes=64 << 20, **{**AS_ON_A_GPU, "step_token_budget": 64}))
     with caplog.at_level("DEBUG", logger="locals.engine.warmup"):
         engine.start()
         try:
@@ -174,8 +174,8 @@ def test_the_cpu_compiles_nothing_ahead_and_is_ready_at_once(tiny_llama):
     engine.start()
     try:
         assert engine.ready.wait(10) and engine.warmer is None
-        # Nor does it pipeline (building a step runs it) or read prompts alone in larger chunks.
-        assert not engine.config.pipeline and engine.scheduler.solo_budget == engine.config.step_token_budget
+        # Nor does it pipeline (building a step runs it); it reads prompts alone 256 tokens a step.
+        assert not engine.config.pipeline and engine.scheduler.solo_budget == 256
         assert run_alone(engine, make_prompts(tiny_llama.tokenizer, [40])[0], max_tokens=4)[0]
         extra = engine.stats().extra
         assert (extra["compiled_shapes"], extra["compiling_ahead"], extra["uncompiled_passes"]) == (0, False, 0)

@@ -32,7 +32,7 @@ COMPOSED_MAX_SCORES = 1 << 23
 # to a power of two from this: smaller ones are composed (their scores are few); larger ones are
 # prompts read alone, whose attention over the whole buffer would cost more than their builds.
 BUCKET_MIN_QUERIES = 64
-BUCKET_MAX_QUERIES = 256  # EngineConfig.step_token_budget's default: every chunk read beside decoding rows
+BUCKET_MAX_QUERIES = 256  # EngineConfig.step_token_budget's default on a GPU: every chunk read beside decoding rows
 
 
 ON_CUDA = detect().kind == "cuda"
