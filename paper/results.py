@@ -15,6 +15,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from locals.engine.load.backend import CUDA_GRAPH_CACHE
+
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 NAME = re.compile(r"^(?P<benchmark>[a-z0-9_]+)-(?P<device>cpu|gpu)-(?P<stamp>\d{8}-\d{6})\.json$")
@@ -81,6 +83,12 @@ class Result:
         s = self.stamp
         return f"{s[:4]}-{s[4:6]}-{s[6:8]} {s[9:11]}:{s[11:13]}"
 
+    def mlx_settings(self) -> dict[str, str]:
+        """The MLX environment settings the run chose: not those locals sets itself (its kernel
+        folder, and its CUDA graph cache where the run left it at locals' size)."""
+        return {k: v for k, v in (self.data.get("mlx_env") or {}).items()
+                if k != "MLX_PTX_CACHE_DIR" and (k, v) != ("MLX_CUDA_GRAPH_CACHE_SIZE", str(CUDA_GRAPH_CACHE))}
+
     def command(self) -> str:
         """The command line that wrote this file, as exactly as the file records it (less where
         its output went)."""
@@ -89,9 +97,8 @@ class Result:
         script = f"python benchmarks/{self.benchmark}.py"
         if isinstance(self.data.get("command"), list):  # a served-traffic report: its argv, so named
             return " ".join([script, *map(shlex.quote, _without_output(self.data["command"]))]).strip()
-        if "argv" in self.data:  # with the MLX settings the run changed (not locals' own kernel folder)
-            env = [f"{k}={shlex.quote(v)}" for k, v in sorted((self.data.get("mlx_env") or {}).items())
-                   if k != "MLX_PTX_CACHE_DIR"]
+        if "argv" in self.data:  # with the MLX settings the run changed
+            env = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.mlx_settings().items())]
             return " ".join([*env, script, *map(shlex.quote, _without_output(self.data["argv"]))]).strip()
         if isinstance(self.data.get("args"), dict):
             return " ".join([script, *_flags(self.data["args"])])

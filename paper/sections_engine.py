@@ -60,8 +60,8 @@ def _batch_table(rows: list[tuple[dict, Result]], several_files: bool) -> str:
 
 
 def _mlx_settings(result: Result) -> set[str]:
-    """MLX environment settings a run changed (locals' own kernel cache folder is not one)."""
-    return set(result.data.get("mlx_env") or {}) - {"MLX_PTX_CACHE_DIR"}
+    """MLX environment settings a run changed (not those locals sets itself)."""
+    return set(result.mlx_settings())
 
 
 def batch_decode(results: list[Result], prefix: str = "generated/") -> Section:
