@@ -9,6 +9,7 @@ on a model written for the occasion (benchmarks/random_folder.py).
     python benchmarks/serve_traffic.py --merge A.json B.json   # rounds run as commands in a row, one report
     python benchmarks/serve_traffic.py --servers locals --variant graphs400:MLX_CUDA_GRAPH_CACHE_SIZE=400 \
         --agents 8 --kernels K   # locals against itself with a setting changed, interleaved
+    python benchmarks/serve_traffic.py --peer-args 'mlx_lm.server=--prompt-concurrency 2' --agents 16 --kernels K
 
 On a fresh GPU each server's first round is mostly MLX compiling its CUDA kernels (minutes), so
 a cold round and warm rounds rarely fit one 10-minute device command: `--kernels` keeps each
@@ -34,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import QWEN3_SHAPES, RESULTS  # noqa: E402
 from benchmarks.random_folder import write_random_qwen3  # noqa: E402
-from locals.cli.bench_traffic import parse_agents, parse_servers, parse_variants, traffic_bench  # noqa: E402
+from locals.cli.bench_traffic import (parse_agents, parse_peer_args, parse_servers, parse_variants,  # noqa: E402
+                                      traffic_bench)
 from locals.errors import LocalsError  # noqa: E402
 from locals.measure import other_cpu_percent  # noqa: E402
 from locals.traffic.workload import Workload  # noqa: E402
@@ -64,6 +66,9 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--variant", action="append", default=None, metavar="NAME:VAR=VALUE[,VAR=VALUE]",
                         help="also run locals with these environment settings, named `locals NAME`, in the same "
                              "interleaved rounds (an A/B of a setting; repeatable)")
+    parser.add_argument("--peer-args", action="append", default=None, metavar="SERVER=ARGS",
+                        help="start that peer with these arguments added, e.g. 'mlx_lm.server=--prompt-concurrency "
+                             "2' (a peer tuned as a user would; the report's weights say so; repeatable)")
     parser.add_argument("--out", type=Path, default=None, help="report file or folder (default benchmarks/results/)")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="REPORT",
                         help="write one report of these reports' rounds (commands run in a row on one machine, "
@@ -115,6 +120,7 @@ def main() -> None:
                  "ready_timeout_s": 300.0, "request_timeout_s": 180.0}
     # Bad input fails before the model is written.
     servers, variants = parse_servers(args.servers), parse_variants(args.variant)
+    peer_args = parse_peer_args(args.peer_args)
     path = _report_path(args.out)
     busy = other_cpu_percent()
     print(f"workload: {plan_args['workload'].scaled()}", flush=True)
@@ -122,7 +128,7 @@ def main() -> None:
         t0 = time.perf_counter()
         folder = write_random_qwen3(Path(scratch) / args.shape, args.shape, seed=args.seed)
         print(f"random {args.shape} 4-bit written in {time.perf_counter() - t0:.0f} s", flush=True)
-        traffic_bench(str(folder), plan_args, servers, path, busy, args.kernels, variants)
+        traffic_bench(str(folder), plan_args, servers, path, busy, args.kernels, variants, peer_args)
     print(f"total {time.perf_counter() - t0:.0f} s", flush=True)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from locals.traffic.report import rounds_done, rounds_text
+from locals.traffic.servers import PEER_ARGS
 from paper.markdown import Section, table
 from paper.results import DEVICE_LABEL, Result, fmt, fmt_range, med, of, source_line
 
@@ -119,7 +120,15 @@ def _caption(f: Result) -> str:
     return (f"**Table: served traffic, {f.label}** — {machine_label(f)}; "
             f"{model_label(served_model(f))}, the same weights for every server; {_workload(f)}. "
             f"Median (range) over {rounds_text(f.data)} (TTFT and gap pairs: medians); "
-            f"{OURS} / peer of the medians, below 1 better for times, above 1 for rates.{_kernels(f)}{warn}")
+            f"{OURS} / peer of the medians, below 1 better for times, above 1 for rates.{_peer_args(f)}"
+            f"{_kernels(f)}{warn}")
+
+
+def _peer_args(f: Result) -> str:
+    """The arguments peers were started with beyond their defaults (`--peer-args`), if any."""
+    runs = [f"{server} ran with `{weights.split(PEER_ARGS, 1)[1]}`"
+            for server, weights in (f.data.get("weights") or {}).items() if server in PEERS and PEER_ARGS in weights]
+    return f" {'; '.join(runs)}." if runs else ""
 
 
 def _kernels(f: Result) -> str:

@@ -83,6 +83,9 @@ def bench(
     seed: int = typer.Option(0, "--seed", rich_help_panel=TRAFFIC, help="Seed of the traffic (round r uses seed + r)."),
     max_minutes: Optional[float] = typer.Option(None, "--max-minutes", rich_help_panel=TRAFFIC,
                                                 help="Start no server round that would likely end after this."),
+    peer_args: Optional[list[str]] = typer.Option(
+        None, "--peer-args", metavar="SERVER=ARGS", rich_help_panel=TRAFFIC,
+        help="Start a peer with these arguments added, e.g. 'mlx_lm.server=--prompt-concurrency 2' (repeatable)."),
     engine: bool = typer.Option(False, "--engine", rich_help_panel=ENGINE,
                                 help="Time decode in this process instead (a diagnostic: no HTTP, fixed lengths)."),
     batches: str = typer.Option("1,2,4,8", "--batches", "-b", rich_help_panel=ENGINE,
@@ -103,12 +106,12 @@ def bench(
         path = _report_path(out)  # a bad --out fails now, not after the measuring
         engine_bench(model, batch_list, tokens, prompt_len, rounds, path, _check_quiet(force))
         return
-    from locals.cli.bench_traffic import parse_servers, traffic_bench
+    from locals.cli.bench_traffic import parse_peer_args, parse_servers, traffic_bench
 
     plan_args = _traffic_plan(agents, rounds, turns, time_scale, size_scale, seed, max_minutes)
-    wanted = parse_servers(servers)
+    wanted, peers = parse_servers(servers), parse_peer_args(peer_args)
     path = _report_path(out)
-    traffic_bench(model, plan_args, wanted, path, _check_quiet(force))
+    traffic_bench(model, plan_args, wanted, path, _check_quiet(force), peer_args=peers)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,6 +8,7 @@ the table.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -74,6 +75,34 @@ def with_variants(specs: list, weights: dict, variants: dict[str, dict[str, str]
     return specs[:at] + added + specs[at:], {**weights, **runs}
 
 
+def parse_peer_args(texts: list[str] | None) -> dict[str, tuple[str, ...]]:
+    """`SERVER=ARGS` each -> {SERVER: (arg, …)}: a peer started with these arguments added to its
+    command, as a user would tune it (`mlx_lm.server=--prompt-concurrency 2`)."""
+    peers = {}
+    for text in texts or []:
+        name, eq, args = text.partition("=")
+        name, words = name.strip(), shlex.split(args) if eq else []
+        if name not in SERVER_NAMES or name == "locals" or not words:
+            peers_named = ", ".join(n for n in SERVER_NAMES if n != "locals")
+            raise LocalsError(f"--peer-args {text!r}: give SERVER=ARGS with SERVER one of {peers_named}, "
+                              "e.g. 'mlx_lm.server=--prompt-concurrency 2'")
+        peers[name] = (*peers.get(name, ()), *words)
+    return peers
+
+
+def with_peer_args(specs: list, weights: dict, peer_args: dict[str, tuple[str, ...]]) -> tuple[list, dict]:
+    """`specs` with each named peer's arguments added to its command; `weights` says so."""
+    from dataclasses import replace
+
+    missing = [name for name in peer_args if name not in {s.name for s in specs}]
+    if missing:
+        raise LocalsError(f"--peer-args for {', '.join(missing)}, which this run does not start: "
+                          "add it to --servers")
+    specs = [replace(s, command=(*s.command, *peer_args[s.name])) if s.name in peer_args else s for s in specs]
+    added = {name: f"{weights[name]}{srv.PEER_ARGS}{shlex.join(args)}" for name, args in peer_args.items()}
+    return specs, {**weights, **added}
+
+
 def _blas_env(backend) -> dict[str, str]:
     """On a Linux CPU, OpenBLAS preloaded for every MLX server (locals re-execs with it anyway),
     so both run their matmuls on the same BLAS."""
@@ -138,10 +167,12 @@ def _kernel_folders(specs) -> dict[str, int]:
 
 def traffic_bench(model: str | None, plan_args: dict, wanted: list[str] | None, path: Path,
                   busy_before: float, kernels: Path | None = None,
-                  variants: dict[str, dict[str, str]] | None = None) -> None:
+                  variants: dict[str, dict[str, str]] | None = None,
+                  peer_args: dict[str, tuple[str, ...]] | None = None) -> None:
     """Run the served-traffic benchmark, save the report to `path` as it goes, print the table.
     `kernels`: where each server's CUDA kernel folder is kept between runs (default: empty ones);
-    `variants`: locals again with other settings (`parse_variants`)."""
+    `variants`: locals again with other settings (`parse_variants`); `peer_args`: arguments added
+    to peers' commands (`parse_peer_args`)."""
     from locals.engine.bench import machine_info
     from locals.engine.load import backend as backend_mod
     from locals.engine.load import catalog
@@ -153,7 +184,8 @@ def traffic_bench(model: str | None, plan_args: dict, wanted: list[str] | None, 
     name = model or catalog.default_alias(backend.kind, backend.memory_bytes)
     log_dir = path.with_name(path.stem + "-logs")
     with tempfile.TemporaryDirectory(prefix="locals-bench-") as scratch:
-        specs, weights = with_variants(*server_specs(name, backend, Path(scratch), wanted, kernels), variants or {})
+        specs, weights = with_peer_args(*server_specs(name, backend, Path(scratch), wanted, kernels), peer_args or {})
+        specs, weights = with_variants(specs, weights, variants or {})
         plan = Plan(servers=tuple(specs), **plan_args)
         extra = {"model": portable(name), "backend": backend.kind, "weights": weights, "command": sys.argv[1:],
                  "machine": machine_info(), "other_cpu_percent_before": busy_before, "logs": log_dir.name,

@@ -26,6 +26,7 @@ from pathlib import Path
 from locals.errors import LocalsError
 
 READY_POLL_S = 0.02
+PEER_ARGS = "; run with "  # how a report's `weights` note the arguments a peer was given (--peer-args)
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
 
 

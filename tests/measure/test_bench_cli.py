@@ -151,3 +151,34 @@ def test_bench_serves_traffic_to_locals_and_mlx_lm_server(tmp_path):
     assert report["ratios"]["mlx_lm.server"]["2"]["burst_tps"] > 0
     assert "dense float32" in report["weights"]["mlx_lm.server"]
     assert (tmp_path / "report-logs" / "locals-round1.log").exists()
+
+
+def test_peer_args_start_a_peer_as_a_user_tuned_it_and_the_report_says_so():
+    from locals.cli.bench_traffic import parse_peer_args, with_peer_args
+    from locals.errors import LocalsError
+    from locals.traffic import servers as srv
+
+    peers = parse_peer_args(["mlx_lm.server=--prompt-concurrency 2", "mlx_lm.server=--prefill-step-size '1024'"])
+    assert peers == {"mlx_lm.server": ("--prompt-concurrency", "2", "--prefill-step-size", "1024")}
+    ours, peer = srv.locals_server("m"), srv.mlx_lm_server("m")
+    specs, weights = with_peer_args([ours, peer], {"locals": "m (folder)", "mlx_lm.server": "m"}, peers)
+    assert specs[0] == ours and specs[1].command == (*peer.command, *peers["mlx_lm.server"])
+    assert specs[1].name == "mlx_lm.server" and specs[1].env == peer.env  # still the peer the paper compares
+    assert weights == {"locals": "m (folder)",
+                       "mlx_lm.server": "m; run with --prompt-concurrency 2 --prefill-step-size 1024"}
+    assert with_peer_args([ours, peer], {}, {}) == ([ours, peer], {})
+    for bad in ("mlx_lm.server", "mlx_lm.server=", "locals=--port 1", "vllm=--x 1", "=--x"):
+        with pytest.raises(LocalsError, match="SERVER=ARGS"):
+            parse_peer_args([bad])
+    with pytest.raises(LocalsError, match="add it to --servers"):
+        with_peer_args([ours], {"locals": "m"}, peers)
+
+
+def test_bench_cli_refuses_bad_peer_args_before_measuring(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from locals.cli import app, bench
+
+    monkeypatch.setattr(bench, "_check_quiet", lambda force: pytest.fail("measured despite bad input"))
+    result = CliRunner().invoke(app, ["bench", "--peer-args", "nginx=-t", "--out", str(tmp_path)])
+    assert result.exit_code != 0 and "SERVER=ARGS" in str(result.exception)  # the CLI prints it as an error

@@ -256,3 +256,16 @@ def test_a_report_whose_peer_died_mid_phase_is_no_headline():
     burst_failed, died = report(1, [32, 32, 32]), report(2, [26, 8, 8])
     assert newest_served([burst_failed, died], "gpu", "qwen3-4b") is burst_failed  # its burst ran out of memory
     assert newest_served([died], "gpu", "qwen3-4b") is died  # unless it is all there is
+
+
+def test_a_peer_started_with_added_arguments_is_named_so_in_the_caption():
+    from paper.results import Result
+    from paper.sections_served import _peer_args
+
+    def report(weights: dict) -> Result:
+        return Result(Path("serve_traffic-gpu-20260101-000000.json"), {"weights": weights})
+
+    assert _peer_args(report({"locals": "m", "mlx_lm.server": "m"})) == ""
+    tuned = report({"locals": "m", "mlx_lm.server": "m; run with --prompt-concurrency 2",
+                    "locals small": "m; LOCALS_KV_BUDGET_MB=512"})
+    assert _peer_args(tuned) == " mlx_lm.server ran with `--prompt-concurrency 2`."
