@@ -120,7 +120,7 @@ def main() -> None:
                  "ready_timeout_s": 300.0, "request_timeout_s": 180.0}
     # Bad input fails before the model is written.
     servers, variants = parse_servers(args.servers), parse_variants(args.variant)
-    peer_args = parse_peer_args(args.peer_args)
+    peer_args = parse_peer_args(args.peer_args, servers)
     path = _report_path(args.out)
     busy = other_cpu_percent()
     print(f"workload: {plan_args['workload'].scaled()}", flush=True)

@@ -109,7 +109,8 @@ def bench(
     from locals.cli.bench_traffic import parse_peer_args, parse_servers, traffic_bench
 
     plan_args = _traffic_plan(agents, rounds, turns, time_scale, size_scale, seed, max_minutes)
-    wanted, peers = parse_servers(servers), parse_peer_args(peer_args)
+    wanted = parse_servers(servers)
+    peers = parse_peer_args(peer_args, wanted)
     path = _report_path(out)
     traffic_bench(model, plan_args, wanted, path, _check_quiet(force), peer_args=peers)
 

@@ -75,9 +75,10 @@ def with_variants(specs: list, weights: dict, variants: dict[str, dict[str, str]
     return specs[:at] + added + specs[at:], {**weights, **runs}
 
 
-def parse_peer_args(texts: list[str] | None) -> dict[str, tuple[str, ...]]:
+def parse_peer_args(texts: list[str] | None, servers: list[str] | None = None) -> dict[str, tuple[str, ...]]:
     """`SERVER=ARGS` each -> {SERVER: (arg, …)}: a peer started with these arguments added to its
-    command, as a user would tune it (`mlx_lm.server=--prompt-concurrency 2`)."""
+    command, as a user would tune it (`mlx_lm.server=--prompt-concurrency 2`); `servers`: those the
+    run asked for (None: every one that runs here)."""
     peers = {}
     for text in texts or []:
         name, eq, args = text.partition("=")
@@ -87,17 +88,22 @@ def parse_peer_args(texts: list[str] | None) -> dict[str, tuple[str, ...]]:
             raise LocalsError(f"--peer-args {text!r}: give SERVER=ARGS with SERVER one of {peers_named}, "
                               "e.g. 'mlx_lm.server=--prompt-concurrency 2'")
         peers[name] = (*peers.get(name, ()), *words)
+    _all_started(peers, servers if servers is not None else peers)
     return peers
+
+
+def _all_started(peer_args: dict, started) -> None:
+    missing = [name for name in peer_args if name not in started]
+    if missing:
+        raise LocalsError(f"--peer-args for {', '.join(missing)}, which this run does not start: "
+                          "add it to --servers")
 
 
 def with_peer_args(specs: list, weights: dict, peer_args: dict[str, tuple[str, ...]]) -> tuple[list, dict]:
     """`specs` with each named peer's arguments added to its command; `weights` says so."""
     from dataclasses import replace
 
-    missing = [name for name in peer_args if name not in {s.name for s in specs}]
-    if missing:
-        raise LocalsError(f"--peer-args for {', '.join(missing)}, which this run does not start: "
-                          "add it to --servers")
+    _all_started(peer_args, {s.name for s in specs})
     specs = [replace(s, command=(*s.command, *peer_args[s.name])) if s.name in peer_args else s for s in specs]
     added = {name: f"{weights[name]}{srv.PEER_ARGS}{shlex.join(args)}" for name, args in peer_args.items()}
     return specs, {**weights, **added}

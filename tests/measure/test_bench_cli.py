@@ -172,6 +172,9 @@ def test_peer_args_start_a_peer_as_a_user_tuned_it_and_the_report_says_so():
             parse_peer_args([bad])
     with pytest.raises(LocalsError, match="add it to --servers"):
         with_peer_args([ours], {"locals": "m"}, peers)
+    with pytest.raises(LocalsError, match="add it to --servers"):  # found with the arguments, before measuring
+        parse_peer_args(["mlx_lm.server=--prompt-concurrency 2"], ["locals", "llama.cpp"])
+    assert parse_peer_args(["llama.cpp=--n_ctx 4096"], None) == {"llama.cpp": ("--n_ctx", "4096")}
 
 
 def test_bench_cli_refuses_bad_peer_args_before_measuring(monkeypatch, tmp_path):
@@ -182,3 +185,5 @@ def test_bench_cli_refuses_bad_peer_args_before_measuring(monkeypatch, tmp_path)
     monkeypatch.setattr(bench, "_check_quiet", lambda force: pytest.fail("measured despite bad input"))
     result = CliRunner().invoke(app, ["bench", "--peer-args", "nginx=-t", "--out", str(tmp_path)])
     assert result.exit_code != 0 and "SERVER=ARGS" in str(result.exception)  # the CLI prints it as an error
+    result = CliRunner().invoke(app, ["bench", "--servers", "locals", "--peer-args", "mlx_lm.server=--x 1"])
+    assert result.exit_code != 0 and "add it to --servers" in str(result.exception)

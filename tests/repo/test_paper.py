@@ -269,3 +269,16 @@ def test_a_peer_started_with_added_arguments_is_named_so_in_the_caption():
     tuned = report({"locals": "m", "mlx_lm.server": "m; run with --prompt-concurrency 2",
                     "locals small": "m; LOCALS_KV_BUDGET_MB=512"})
     assert _peer_args(tuned) == " mlx_lm.server ran with `--prompt-concurrency 2`."
+
+
+def test_commands_leave_out_the_mlx_settings_locals_sets_itself():
+    from locals.engine.load.backend import CUDA_GRAPH_CACHE
+    from paper.results import Result
+
+    own = {"MLX_PTX_CACHE_DIR": "/k", "MLX_CUDA_GRAPH_CACHE_SIZE": str(CUDA_GRAPH_CACHE)}
+    run = Result(Path("mixed_pass-cpu-20260101-000000.json"), {"argv": ["--batch", "8"], "mlx_env": own})
+    assert run.mlx_settings() == {} and run.command() == "python benchmarks/mixed_pass.py --batch 8"
+    chosen = Result(Path("mixed_pass-gpu-20260101-000000.json"),
+                    {"argv": [], "mlx_env": {**own, "MLX_CUDA_GRAPH_CACHE_SIZE": "400"}})
+    assert chosen.mlx_settings() == {"MLX_CUDA_GRAPH_CACHE_SIZE": "400"}
+    assert chosen.command() == "MLX_CUDA_GRAPH_CACHE_SIZE=400 python benchmarks/mixed_pass.py"
