@@ -88,7 +88,8 @@ def parse_peer_args(texts: list[str] | None, servers: list[str] | None = None) -
             raise LocalsError(f"--peer-args {text!r}: give SERVER=ARGS with SERVER one of {peers_named}, "
                               "e.g. 'mlx_lm.server=--prompt-concurrency 2'")
         peers[name] = (*peers.get(name, ()), *words)
-    _all_started(peers, servers if servers is not None else peers)
+    if servers is not None:
+        _all_started(peers, servers)
     return peers
 
 

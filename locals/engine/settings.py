@@ -20,9 +20,9 @@ class EngineConfig:
     max_batch: int = 64
     # Tokens one forward pass may carry (decode rows count 1 each); prompts are
     # read in chunks of what is left, so a long prompt never stalls the others for long.
-    # 256 on a GPU, 64 on the CPU, where a step's time grows with its tokens: served to 8 agents
-    # there, 64 halved the token gap p99 (1.35-1.38 s to 0.66-0.67) and the agents waited 8% less
-    # (docs/benchmarks-log.md, "CPU: a smaller step budget beside decoding rows").
+    # 256 on a GPU, 64 on the CPU, where a step's time grows with its tokens: there 64 cut the
+    # served token gaps of decoding rows beside prompt chunks (docs/benchmarks-log.md, "CPU: a
+    # smaller step budget beside decoding rows").
     step_token_budget: int = field(default_factory=lambda: default_step_token_budget())
     # With no row decoding, prompts are read in chunks this many times the budget: bigger matmuls,
     # fewer steps (on a GPU 256-token chunks leave most of it idle: 8, 2,048-token chunks). On the
