@@ -94,6 +94,7 @@ class Engine:
         least_slots = 4 if cfg.forward.compile_max_tokens else 1
         self.decode_batch = DecodeBatch(len(self.model.layers), least_slots) if supports_ragged(self.model) else None
         self.counters = Counters()
+        self.runner.gaps = self.counters.gaps
         # Decode-step shapes compiled ahead (warmup.py); `ready` is set once the first batch of them is.
         # Traces run before ready or while idle, once the empty batch gave its arrays back (_loop):
         # a traced batch may take the whole KV budget.

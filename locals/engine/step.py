@@ -140,6 +140,9 @@ class StepRunner:
         # every graph the runner queues (the arguments of `mx.async_eval`) before it is queued.
         self.profile: Profile | None = None
         self.on_queue: Callable[..., None] | None = None
+        # The engine's gap clock: MLX queuing a pass (allocating, encoding, cuDNN/cuBLAS plans) is
+        # marked "queue", apart from Python building it ("build"), so a long gap says which held it.
+        self.gaps = None
 
     def _timed(self, phase: str, fn, *args):
         """fn(*args), its time handed to the profiling hook when one is set."""
@@ -155,7 +158,11 @@ class StepRunner:
         """Queue `arrays`' graph on the device (mx.async_eval), shown to `on_queue` first."""
         if self.on_queue is not None:
             self.on_queue(*arrays)
+        if self.gaps is not None:
+            self.gaps.mark("build")
         self._timed("async_eval", mx.async_eval, *arrays)
+        if self.gaps is not None:
+            self.gaps.mark("queue")
 
     def _draft(self, seq: Sequence, decoding: int) -> list[int]:
         """Prompt-lookup draft for a row whose tokens are all known, [] when it should not draft."""

@@ -116,15 +116,29 @@ def test_a_long_gap_between_step_reads_is_counted_and_logged_with_where_the_loop
     gaps.read(0.03, rows=8, prompt_tokens=0)  # short: nothing kept
     spend("disk copy", 0.09)
     spend("build", 0.005)
-    spend("build", 0.005)
+    spend("queue", 0.002)
+    spend("build", 0.003)
     now[0] += 0.04
     with caplog.at_level("INFO", logger="locals.engine.engine"):
         gaps.read(0.14, rows=8, prompt_tokens=248)
         spend("admit", 0.3)
         gaps.read(None, rows=1, prompt_tokens=0)  # after a wait for work: no gap anyone saw
-    assert gaps.summary() == {"count": 1, "ms_by_phase": {"disk copy": 90.0, "read": 40.0, "build": 10.0}}
-    assert caplog.messages == ["long gap: 140 ms between step reads (ms: disk copy 90, read 40, build 10; "
-                               "the step read: 8 rows, 248 prompt tokens)"]
+    assert gaps.summary() == {"count": 1, "ms_by_phase": {"disk copy": 90.0, "read": 40.0, "build": 8.0,
+                                                           "queue": 2.0}}
+    assert len(caplog.messages) == 1
+    assert caplog.messages[0].startswith("long gap: 140 ms between step reads (ms: disk copy 90, read 40, build 8, "
+                                         "queue 2; the step read: 8 rows, 248 prompt tokens; MLX memory: ")
+
+
+def test_the_runner_marks_mlx_queuing_a_pass_apart_from_building_it(engine, tiny_llama):
+    marks = []
+    engine.runner.gaps = SimpleNamespace(mark=marks.append)
+    try:
+        run_alone(engine, make_prompts(tiny_llama.tokenizer, [12])[0], max_tokens=4)
+    finally:
+        engine.runner.gaps = engine.counters.gaps
+    assert marks.count("queue") >= 4  # the prompt's pass and each token's
+    assert all(before == "build" for before, after in zip(marks, marks[1:]) if after == "queue")
 
 
 def test_where_every_step_takes_long_only_the_stalls_among_them_are_long_gaps(monkeypatch):
