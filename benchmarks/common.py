@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from locals.engine.load import backend
 from locals.engine.bench import bench_prompts as prompts  # noqa: F401  (re-exported for the scripts)
 from locals.engine.bench import interleaved, summary  # noqa: F401
 from locals.engine.bench import without_eos as no_eos  # noqa: F401
@@ -76,7 +77,7 @@ def write_results(name: str, data: dict, path: Path | None = None) -> Path:
     gpu = dict(mx.device_info()).get("device_name") if device == "gpu" else None
     data = {"benchmark": name, "device": device, **({"device_name": gpu} if gpu else {}), "machine": platform.machine(),
             "mlx": mx.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
-            "mlx_env": {k: v for k, v in os.environ.items() if k.startswith("MLX_")},
+            "mlx_env": {k: v for k, v in os.environ.items() if k.startswith("MLX_") and k not in backend.SET_HERE},
             "locals_env": {k: v for k, v in os.environ.items()
                            if k.startswith("LOCALS_") and k not in ("LOCALS_HOME",)}, **data}
     path = path or RESULTS / f"{name}-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -132,7 +133,6 @@ def load_pair(random_model: str | None):
     CPU, embedded model: locals runs dense f32 (its CPU path), mlx-lm the GGUF's
     quantized weights as MLX loads them. With a random model both run the same weights.
     """
-    from locals.engine.load import backend
     from locals.engine.load import gguf
     from locals.engine.load.models import LoadedModel, embedded_gguf_path, load_model
 

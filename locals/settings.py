@@ -98,7 +98,7 @@ ALL: tuple[Setting, ...] = (HOME, KV_BUDGET_MB, PREFIX_CACHE_MB, MAX_BATCH, SPEC
 # or systemd unit does not inherit the caller's environment).
 FOREIGN_PASSED = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "XDG_CACHE_HOME", "XDG_STATE_HOME",
                   "XDG_CONFIG_HOME", "PATH", "LD_PRELOAD", "MLX_PTX_CACHE_DIR", "MLX_CUDA_GRAPH_CACHE_SIZE", "CUDA_HOME",
-                  "CUDA_PATH")
+                  "CUDA_PATH", "MLX_USE_CUDA_GRAPHS")
 
 
 def foreign(name: str, default: str | None = None) -> str | None:

@@ -44,7 +44,7 @@ def serve_round(spec: srv.ServerSpec, plan: Plan, round_index: int, nonce: str, 
                 on_phase: Callable[[str | None], None]) -> dict:
     """One fresh server through every agent count; a server that fails is recorded, not raised.
     `on_phase` hears a label as each phase starts and None as it ends."""
-    log_path = log_dir / f"{spec.name}-round{round_index + 1}.log"
+    log_path = log_dir / f"{spec.name.replace(' ', '-')}-round{round_index + 1}.log"  # a variant's name has a space
     record: dict = {"round": round_index, "seed": plan.seed + round_index, "log": log_path.name, "phases": {}}
     pending = list(plan.agents)
     try:

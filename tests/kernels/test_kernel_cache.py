@@ -6,7 +6,7 @@ import os
 import mlx.core as mx
 
 from locals.engine.kernels import cubin
-from locals.engine.load.backend import CUDA_GRAPH_CACHE, keep_compiled_kernels, keep_cuda_graphs
+from locals.engine.load.backend import CUDA_GRAPH_CACHE, cuda_launch_settings, keep_compiled_kernels
 
 
 def test_compiled_kernels_go_to_the_locals_cache_per_mlx_version(tmp_path, monkeypatch):
@@ -16,13 +16,22 @@ def test_compiled_kernels_go_to_the_locals_cache_per_mlx_version(tmp_path, monke
     assert os.environ["MLX_PTX_CACHE_DIR"] == str(tmp_path / "cache" / "cuda-kernels" / mx.__version__)
 
 
-def test_mlx_keeps_more_cuda_graphs_unless_the_user_chose(monkeypatch):
-    monkeypatch.delenv("MLX_CUDA_GRAPH_CACHE_SIZE", raising=False)  # restored after the test
-    keep_cuda_graphs()
+def test_mlx_launches_cuda_kernels_without_graphs_and_keeps_more_unless_the_user_chose(monkeypatch):
+    for name in ("MLX_USE_CUDA_GRAPHS", "MLX_CUDA_GRAPH_CACHE_SIZE"):
+        monkeypatch.delenv(name, raising=False)  # restored after the test
+    monkeypatch.setattr("locals.engine.load.backend.SET_HERE", set())
+    cuda_launch_settings()
+    assert os.environ["MLX_USE_CUDA_GRAPHS"] == "0"
     assert os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"] == str(CUDA_GRAPH_CACHE)
+    from locals.engine.load import backend
+
+    assert backend.SET_HERE == {"MLX_USE_CUDA_GRAPHS", "MLX_CUDA_GRAPH_CACHE_SIZE"}  # a benchmark leaves them out
+    monkeypatch.setattr("locals.engine.load.backend.SET_HERE", set())
+    monkeypatch.setenv("MLX_USE_CUDA_GRAPHS", "1")
     monkeypatch.setenv("MLX_CUDA_GRAPH_CACHE_SIZE", "400")
-    keep_cuda_graphs()
-    assert os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"] == "400"
+    cuda_launch_settings()
+    assert (os.environ["MLX_USE_CUDA_GRAPHS"], os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"]) == ("1", "400")
+    assert backend.SET_HERE == set()
 
 
 def test_a_users_own_kernel_cache_wins(tmp_path, monkeypatch):

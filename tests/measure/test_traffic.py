@@ -170,6 +170,10 @@ def test_a_server_that_cannot_start_loses_its_round(tmp_path):
         srv.start(spec, tmp_path / "broken.log", timeout_s=30)
     report = run(Plan((spec,), agents=(1,), rounds=1, workload=Workload()), tmp_path, lambda _: None)
     assert "exited (3)" in report["runs"]["broken"][0]["error"] and report["failures"]["broken"]["rounds"] == 1
+    variant = srv.ServerSpec("locals nographs", spec.command, "/health")  # a variant's name has a space; its log not
+    report = run(Plan((variant,), agents=(1,), rounds=1, workload=Workload()), tmp_path, lambda _: None)
+    assert report["runs"]["locals nographs"][0]["log"] == "locals-nographs-round1.log"
+    assert "no model here" in (tmp_path / "locals-nographs-round1.log").read_text()
 
 
 def test_a_server_whose_preloaded_blas_is_gone_does_not_start(tmp_path):

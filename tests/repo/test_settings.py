@@ -32,7 +32,7 @@ def test_only_the_settings_module_reads_the_environment():
     for name in CHILD_ENVIRONMENTS:  # and there only to copy it for a child
         for line in (REPO / name).read_text().splitlines():
             if "os.environ" in line:
-                assert re.search(r"dict\(os\.environ|os\.environ\[\"MLX_(PTX_CACHE_DIR|CUDA_GRAPH_CACHE_SIZE)\"\] =|\*\*os\.environ|"
+                assert re.search(r"dict\(os\.environ|os\.environ\[\"MLX_(PTX_CACHE_DIR|CUDA_GRAPH_CACHE_SIZE|USE_CUDA_GRAPHS)\"\] =|\*\*os\.environ|"
                                  r"os\.environ if", line), line
 
 

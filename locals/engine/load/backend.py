@@ -76,6 +76,11 @@ def mlx_version() -> str:
     return mx.__version__
 
 
+# MLX's environment settings this process took from locals rather than the user: a benchmark
+# records only the user's (benchmarks/common.py).
+SET_HERE: set[str] = set()
+
+
 def keep_compiled_kernels() -> None:
     """Keep MLX's compiled CUDA kernels under locals' cache, per MLX version.
 
@@ -89,21 +94,33 @@ def keep_compiled_kernels() -> None:
         return
     if (folder := compiled_kernel_folder()) is not None:
         os.environ["MLX_PTX_CACHE_DIR"] = str(folder)  # MLX reads it from this process's environment
+        SET_HERE.add("MLX_PTX_CACHE_DIR")
 
 
-# MLX keeps the CUDA graphs it instantiated (each a chain of up to 100 kernels on an H100 or H200)
-# in a cache of 400 and evicts the least recently used; a server meets more: decode steps of each
-# row count and capacity, passes beside prompt chunks of each length. Served to 16 agents on an
-# H200, destroying evicted graphs and instantiating them again took 11% of the engine thread (py-spy;
-# docs/benchmarks-log.md, "An H100 table shipped; 1, 8 and 16 agents served"). A user's setting wins.
+# MLX encodes a stream's kernels into CUDA graphs (chains of up to 100 kernels on an H100 or
+# H200), instantiating one for each chain it has not met and updating a cached one otherwise.
+# Served, passes beside prompt chunks meet new chains all the time, and instantiating them was
+# the long gaps (80-280 ms of MLX queuing one pass). Launched one by one instead, 8 agents on an
+# H200 saw a token gap p99 of 30-40 ms against 36-48 (lower in 5 of 5 paired rounds), long gaps
+# fell from 11 to 4, bursts ran 8% faster and the wait was the same (docs/benchmarks-log.md,
+# "CUDA graphs off, served"); in one process, at one shape, graphs had been 2-7% faster.
+CUDA_GRAPHS = "0"
+# Where a user turns graphs back on, MLX keeps this many instead of 400: evicting and instantiating
+# them again took 11% of the engine thread served to 16 agents on an H200 (docs/benchmarks-log.md,
+# "An H100 table shipped; 1, 8 and 16 agents served").
 CUDA_GRAPH_CACHE = 4096
 
 
-def keep_cuda_graphs() -> None:
-    """Let MLX keep CUDA_GRAPH_CACHE instantiated CUDA graphs. MLX reads the setting when it
-    makes a stream's encoder: call this before the engine makes its stream."""
+def cuda_launch_settings() -> None:
+    """MLX launches CUDA kernels one by one (CUDA_GRAPHS), and keeps CUDA_GRAPH_CACHE graphs where
+    a user turned them on. A user's settings win. MLX reads both when a stream first queues work:
+    call this before any."""
+    if not settings.foreign("MLX_USE_CUDA_GRAPHS"):
+        os.environ["MLX_USE_CUDA_GRAPHS"] = CUDA_GRAPHS
+        SET_HERE.add("MLX_USE_CUDA_GRAPHS")
     if not settings.foreign("MLX_CUDA_GRAPH_CACHE_SIZE"):
         os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"] = str(CUDA_GRAPH_CACHE)
+        SET_HERE.add("MLX_CUDA_GRAPH_CACHE_SIZE")
 
 
 def compiled_kernel_folder() -> Path | None:

@@ -186,7 +186,7 @@ def load_model(name: str | None = None, backend: backend_mod.Backend | None = No
     from mlx_lm.tokenizer_utils import _infer_tool_parser
 
     backend_mod.keep_compiled_kernels()
-    backend_mod.keep_cuda_graphs()
+    backend_mod.cuda_launch_settings()
     backend = backend or backend_mod.detect()
     name = name or catalog.default_alias(backend.kind, backend.memory_bytes)
     kind, target, thinking = resolve(name)
