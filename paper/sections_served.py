@@ -108,8 +108,10 @@ def _failures(f: Result) -> str | None:
     failed = {server: counts for server, counts in (f.data.get("failures") or {}).items() if any(counts.values())}
     if not failed:
         return None
-    parts = [f"{server}: " + ", ".join(f"{n} {'rounds failed or skipped' if key == 'rounds' else f'at {key} agents'}"
-                                       for key, n in counts.items() if n) for server, counts in failed.items()]
+    def what(key: str, n: int) -> str:
+        return f"{n} round{'s' if n > 1 else ''} failed or skipped" if key == "rounds" else f"{n} at {key} agents"
+
+    parts = [f"{server}: " + ", ".join(what(key, n) for key, n in counts.items() if n) for server, counts in failed.items()]
     return "Failed: " + "; ".join(parts) + " (the report's `runs` say why)."
 
 
@@ -154,18 +156,27 @@ def _kernels(f: Result) -> str:
 def served_traffic(results: list[Result]) -> Section:
     sec = Section("served_traffic")
     for device in DEVICES:
-        files = _shown(_comparisons(of(results, "serve_traffic", device)))[-1:]
+        files = newest_per_agent_count(_shown(_comparisons(of(results, "serve_traffic", device))))
         if not files:
             sec.parts.append(f"*{DEVICE_LABEL[device]}: not measured yet* (no served-traffic report in "
                              f"`benchmarks/results/` when this was generated; `{HOW[device]}` writes one).")
             continue
-        f = files[0]
         sec.use(files)
-        sec.parts += [_caption(f), served_table(f)]
-        if note := _failures(f):
-            sec.parts.append(note)
-        sec.parts.append(source_line(files))
+        for f in files:
+            sec.parts += [_caption(f), served_table(f)]
+            if note := _failures(f):
+                sec.parts.append(note)
+            sec.parts.append(source_line([f]))
     return sec
+
+
+def newest_per_agent_count(files: list[Result]) -> list[Result]:
+    """Of `files` (oldest first), the newest report of each agent count measured, newest first: a run
+    of 1 and 16 agents after one of 8 shows both, a run of 1 and 8 after them replaces both of theirs."""
+    counts = sorted({n for f in files for n in f.data.get("agents") or []})
+    chosen = {id(f): f for n in counts for f in [next(f for f in reversed(files) if n in (f.data.get("agents") or []))]}
+    newest_first = [f for f in reversed(files) if id(f) in chosen]
+    return newest_first or files[-1:]
 
 
 def _comparisons(files: list[Result]) -> list[Result]:

@@ -101,7 +101,10 @@ def tune(
     from locals.engine.kernels.tuning.tuner import current_chip, default_candidates, load_table, new_table, save_table
     from locals.engine.kernels.tuning.tuner import tune as run_tuning
     from locals.engine.kernels.tuning.tuner import tuning_rows
+    from locals.engine.load.backend import cuda_launch_settings
 
+    # The device timer brackets chains MLX captures in one CUDA graph (tuning/clock.py): graphs on here.
+    cuda_launch_settings(graphs=True)
     if report:
         _report()
         return

@@ -34,6 +34,14 @@ def test_mlx_launches_cuda_kernels_without_graphs_and_keeps_more_unless_the_user
     assert backend.SET_HERE == set()
 
 
+def test_tuning_times_kernels_in_cuda_graphs_and_a_model_loaded_after_keeps_them(monkeypatch):
+    monkeypatch.delenv("MLX_USE_CUDA_GRAPHS", raising=False)  # restored after the test
+    monkeypatch.setattr("locals.engine.load.backend.SET_HERE", set())
+    cuda_launch_settings(graphs=True)  # `locals tune`, first
+    cuda_launch_settings()  # its load_model, after
+    assert os.environ["MLX_USE_CUDA_GRAPHS"] == "1"
+
+
 def test_a_users_own_kernel_cache_wins(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCALS_HOME", str(tmp_path))
     monkeypatch.setenv("MLX_PTX_CACHE_DIR", "/elsewhere")

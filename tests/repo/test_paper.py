@@ -239,6 +239,20 @@ def test_the_served_figures_come_from_the_newest_report_of_warm_rounds():
     assert newest_served([warm, ab], "gpu", "qwen3-4b") is warm
 
 
+def test_each_agent_count_shows_its_newest_report():
+    from paper.results import Result
+    from paper.sections_served import newest_per_agent_count
+
+    def report(day: int, agents: list[int]) -> Result:
+        return Result(Path(f"serve_traffic-gpu-202601{day:02d}-000000.json"), {"model": "qwen3-4b", "agents": agents})
+
+    old, eight, one_and_sixteen = report(1, [1, 8]), report(2, [8]), report(3, [1, 16])
+    assert newest_per_agent_count([old, eight, one_and_sixteen]) == [one_and_sixteen, eight]
+    both = report(4, [1, 8])
+    assert newest_per_agent_count([old, eight, one_and_sixteen, both]) == [both, one_and_sixteen]
+    assert newest_per_agent_count([]) == []
+
+
 def test_a_report_whose_peer_died_mid_phase_is_no_headline():
     from paper.results import Result
     from paper.sections_served import newest_served

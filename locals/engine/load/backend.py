@@ -111,12 +111,12 @@ CUDA_GRAPHS = "0"
 CUDA_GRAPH_CACHE = 4096
 
 
-def cuda_launch_settings() -> None:
-    """MLX launches CUDA kernels one by one (CUDA_GRAPHS), and keeps CUDA_GRAPH_CACHE graphs where
-    a user turned them on. A user's settings win. MLX reads both when a stream first queues work:
-    call this before any."""
+def cuda_launch_settings(graphs: bool = False) -> None:
+    """MLX launches CUDA kernels one by one (CUDA_GRAPHS; in graphs with `graphs`, as `locals tune`
+    times them), and keeps CUDA_GRAPH_CACHE graphs where they are on. A user's settings win, and
+    so does an earlier call's. MLX reads both when a stream first queues work: call this before any."""
     if not settings.foreign("MLX_USE_CUDA_GRAPHS"):
-        os.environ["MLX_USE_CUDA_GRAPHS"] = CUDA_GRAPHS
+        os.environ["MLX_USE_CUDA_GRAPHS"] = "1" if graphs else CUDA_GRAPHS
         SET_HERE.add("MLX_USE_CUDA_GRAPHS")
     if not settings.foreign("MLX_CUDA_GRAPH_CACHE_SIZE"):
         os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"] = str(CUDA_GRAPH_CACHE)
