@@ -14,7 +14,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLORS = {"locals": "#1f77b4", "mlx-lm": "#ff7f0e", "locals + lookup": "#2ca02c",
-          "mlx-lm dense": "#9467bd", "locals, no drafts": "#8c9fb4", "mlx_lm.server": "#ff7f0e"}
+          "mlx-lm dense": "#9467bd", "locals, no drafts": "#8c9fb4", "mlx_lm.server": "#ff7f0e",
+          "llama.cpp": "#2ca02c"}
 
 
 def _save(fig, path: Path) -> None:

@@ -8,11 +8,13 @@ Same contract as sections_engine: result files in, a Section out.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from locals.traffic.report import rounds_done, rounds_text
 from locals.traffic.servers import PEER_ARGS
-from paper.markdown import Section, table
+from paper import plots
+from paper.markdown import Section, figure, table
 from paper.results import DEVICE_LABEL, Result, fmt, fmt_range, med, of, source_line
 
 DEVICES = ("gpu", "cpu")
@@ -153,8 +155,11 @@ def _kernels(f: Result) -> str:
     return merged + f" CUDA kernel folders at the start: {'; '.join(each)} (cold rounds compile their kernels)."
 
 
-def served_traffic(results: list[Result]) -> Section:
+def served_traffic(results: list[Result], prefix: str | None = None) -> Section:
+    """Each device's newest report of each agent count, as tables; with `prefix` (the paper's
+    figure folder) also a figure of the burst rates."""
     sec = Section("served_traffic")
+    bursts: dict[str, dict[str, dict[str, float]]] = {}
     for device in DEVICES:
         files = newest_per_agent_count(_shown(_comparisons(of(results, "serve_traffic", device))))
         if not files:
@@ -167,6 +172,17 @@ def served_traffic(results: list[Result]) -> Section:
             if note := _failures(f):
                 sec.parts.append(note)
             sec.parts.append(source_line([f]))
+            for n in f.data.get("agents") or []:
+                bursts.setdefault(f.label, {})[f"{n} agent{'s' if n > 1 else ''}"] = {
+                    server: rate for server, by_count in f.data["summary"].items()
+                    if (rate := med(by_count.get(str(n), {}).get("burst_tps"))) is not None}
+    if prefix is not None and bursts:
+        panels = {label: dict(sorted(groups.items(), key=lambda kv: int(kv[0].split()[0])))
+                  for label, groups in bursts.items()}
+        sec.figures["served_traffic.png"] = partial(plots.grouped_bars, panels=panels, ylabel="burst tok/s")
+        sec.parts.append(figure(prefix, "served_traffic.png", "burst tok/s by agent count",
+                                "aggregate output tok/s while every agent generates at once, median over rounds, "
+                                "by agent count. " + source_line(sec.files)))
     return sec
 
 

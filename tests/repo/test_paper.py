@@ -50,7 +50,7 @@ def test_every_caption_names_its_file_and_command():
     for name, sec in make_figures.render_all(RESULTS).items():
         text = sec.markdown
         for f in sec.files:
-            assert f"`{f.name}` from `python benchmarks/{f.benchmark}.py" in text, (name, f.name)
+            assert f"`{f.name}` from `{f.command()}`" in text, (name, f.name)
         for line in text.splitlines():
             if line.startswith(("*Figure:", "**Table:")):
                 assert ".json" in line or line.startswith("**Table:"), line
