@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 FLUSH_TIMEOUT_S = 60.0
 # Unforced tokens in a row after which a constrained row is writing a value (`_masks_can_follow` may queue early).
 FREE_RUN = 8
+# A step reading this many prompt tokens or more times the engine's prefill for the prompt cache,
+# which loads a prefix from disk only where that is quicker (tiered_cache.py); fewer tokens time
+# the step's other work more than the reading.
+PREFILL_SAMPLE_TOKENS = 128
 
 
 def _safe(sink: Sink, request_id: str) -> Sink:
@@ -225,6 +229,7 @@ class Engine:
                    "fused_kernel_layers": self.fused_kernel_layers, "folded_in_matmuls": self._folded_in_matmuls(),
                    "prefix_cache_bytes": int(self.prefix_cache.nbytes),
                    "prefix_disk_hits": int(self.prefix_cache.disk_hits),
+                   "prefix_disk_skipped": int(self.prefix_cache.disk_skipped),
                    "shared_prefill_waits": self.shared_prefill.waits},
         )
 
@@ -452,6 +457,8 @@ class Engine:
                 slot.seq.finish("error", f"engine step failed: {exc}")
             return
         now = time.perf_counter()
+        if step.prefill_tokens >= PREFILL_SAMPLE_TOKENS:  # how fast prompts are read, against disk loads
+            self.prefix_cache.note_prefill(step.prefill_tokens, now - step.started)
         self.counters.note_step(now - step.started, step, self.runner.compiled.uncompiled_passes)
         self.counters.gaps.read(self.counters.intervals.add(now, step.prefill_tokens), len(step.slots),
                                 step.prefill_tokens)

@@ -1,5 +1,6 @@
 """Disk writes of the prompt cache off the request path: `save` only records a prefix, `pump`
-copies it to host memory in bounded slices, and an engine's stop() waits for pending writes."""
+copies it to host memory in bounded slices, and an engine's stop() waits for pending writes.
+A prefix on disk is loaded only where that is quicker than reading it again, by measured rates."""
 
 from __future__ import annotations
 
@@ -8,12 +9,13 @@ import threading
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
 from locals.engine.cache.disk_cache import DiskPrefixStore
 from locals.engine.engine import Engine
 from locals.engine.cache.prefix_cache import MemoryPrefixCache
 from locals.engine.settings import EngineConfig
-from locals.engine.cache.tiered_cache import TieredPrefixCache
+from locals.engine.cache.tiered_cache import Throughput, TieredPrefixCache
 from locals.protocol import GenerationRequest, SamplingParams
 
 from tests.helpers.engine_runs import Collector
@@ -121,3 +123,54 @@ def test_engine_stop_finishes_a_queued_write(tiny_llama, tmp_path, caplog):
     memory_n, memory_kv = cache.memory.lookup(system + [9])
     on_disk = restarted.load(entry)
     assert np.array_equal(np.array(on_disk[0][0][..., :n, :]), np.array(memory_kv[0][0][..., :n, :]))
+
+
+def test_a_rate_follows_what_was_measured_and_is_unknown_before():
+    rate = Throughput()
+    assert rate.per_s is None and rate.seconds_for(100) is None
+    rate.add(1000, 1.0)
+    assert rate.per_s == 1000 and rate.seconds_for(500) == 0.5
+    rate.add(2000, 1.0)  # moves part of the way: 1000 + 0.3 x 1000
+    assert rate.per_s == pytest.approx(1300)
+    rate.add(0, 1.0)  # nothing measured: no change
+    assert rate.per_s == pytest.approx(1300)
+
+
+def test_a_prefix_on_disk_is_read_again_where_prefill_is_quicker_than_loading(tmp_path):
+    prompt, kv = list(range(300)), _kv(300)
+    first = TieredPrefixCache(MemoryPrefixCache(10**9), DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=64))
+    first.insert(prompt, kv)
+    first.lookup(prompt[:200] + [999])  # reused: written to disk
+    while first.disk.pending_copy_bytes:
+        first.disk.pump(None)
+    first.disk.flush(10)
+
+    def restarted() -> TieredPrefixCache:
+        return TieredPrefixCache(MemoryPrefixCache(10**9), DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=64))
+
+    unknown = restarted()  # neither rate measured yet: load
+    assert unknown.lookup(prompt[:200] + [1])[0] == 200 and unknown.disk_hits == 1
+    assert unknown.loads.per_s is not None  # the load timed itself
+    fast_prefill = restarted()
+    fast_prefill.loads.add(1, 1.0)  # a byte a second: any file loads slower than
+    fast_prefill.note_prefill(10_000, 1.0)  # 10k tokens a second
+    n, hit = fast_prefill.lookup(prompt[:200] + [1])
+    assert (n, hit) == (0, None) and fast_prefill.disk_skipped == 1 and fast_prefill.disk_hits == 0
+    slow_prefill = restarted()
+    slow_prefill.loads.add(10**9, 1.0)
+    slow_prefill.note_prefill(1, 1.0)
+    assert slow_prefill.lookup(prompt[:200] + [1])[0] == 200 and slow_prefill.disk_hits == 1
+
+
+def test_the_engine_times_its_prefill_for_the_prompt_cache(tiny_llama, tmp_path):
+    cache = TieredPrefixCache(MemoryPrefixCache(1 << 30), DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=16))
+    eng = Engine(tiny_llama, EngineConfig(step_token_budget=256), prefix_cache=cache)
+    eng.start()
+    try:
+        c = Collector()
+        c.submit(eng, GenerationRequest(list(range(1000, 1400)), SamplingParams(max_tokens=2)))
+        c.wait()
+    finally:
+        eng.stop()
+    assert cache.prefill.per_s is not None and cache.prefill.per_s > 0
+    assert eng.stats().extra["prefix_disk_skipped"] == 0

@@ -23,6 +23,7 @@ class PrefixCache(Protocol):
 
     nbytes: int = 0  # bytes of KV held in memory, for the engine's stats
     disk_hits: int = 0  # lookups answered from disk
+    disk_skipped: int = 0  # lookups that read a prefix on disk again instead, as the quicker way
 
     def lookup(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]: ...
 
@@ -34,6 +35,10 @@ class PrefixCache(Protocol):
         """Move a bounded slice of what is bound for disk along (the engine calls it between
         steps; `everything` at shutdown); True while more can go now. Nothing by default."""
         return False
+
+    def note_prefill(self, tokens: int, seconds: float) -> None:
+        """A pass read `tokens` prompt tokens in `seconds` (a disk tier weighs loads against it)."""
+        return None
 
     def flush(self, timeout: float) -> tuple[int, int]:
         """Wait up to `timeout` s for pending disk writes: (written, abandoned). None by default."""

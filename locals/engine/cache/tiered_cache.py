@@ -7,10 +7,14 @@ at most twice its final size in writes, not a copy per turn. After a restart the
 tier is empty and the first request whose prefix is on disk loads it from there instead
 of reading it again. A lookup that decides a write only records it: the engine's loop
 copies it to host memory in bounded slices (`pump`) and a background thread writes it, so
-no request waits on a disk write; `flush` at shutdown waits for what is left.
+no request waits on a disk write; `flush` at shutdown waits for what is left. A prefix on
+disk is loaded only where that is expected to be quicker than reading its tokens again
+(`Throughput`: both rates measured in this process as it runs).
 """
 
 from __future__ import annotations
+
+import time
 
 from locals.engine.cache.disk_cache import DiskPrefixStore
 from locals.engine.forward.kv import LayerKV
@@ -30,6 +34,26 @@ BUSY_SLICE_S = 0.001
 IDLE_SLICE_BYTES = 256 << 20
 
 
+# How much each new measurement moves a rate: a few passes or loads make it this process's own.
+RATE_WEIGHT = 0.3
+
+
+class Throughput:
+    """A moving rate (amount per second) of what was measured so far; None before anything was."""
+
+    def __init__(self):
+        self.per_s: float | None = None
+
+    def add(self, amount: float, seconds: float) -> None:
+        if amount <= 0 or seconds <= 0:
+            return
+        rate = amount / seconds
+        self.per_s = rate if self.per_s is None else (1 - RATE_WEIGHT) * self.per_s + RATE_WEIGHT * rate
+
+    def seconds_for(self, amount: float) -> float | None:
+        return None if self.per_s is None else amount / self.per_s
+
+
 def prefix_cache_of(budget_bytes: int, disk: DiskPrefixStore | None = None) -> PrefixCache:
     """The engine's prefix cache: in memory under `budget_bytes` (0: none at all), with `disk`
     behind it where given."""
@@ -45,20 +69,39 @@ class TieredPrefixCache(PrefixCache):
     def __init__(self, memory: MemoryPrefixCache, disk: DiskPrefixStore):
         self.memory, self.disk = memory, disk
         self.disk_hits = 0
+        self.disk_skipped = 0  # prefixes on disk read again instead, as the quicker way
+        self.prefill = Throughput()  # prompt tokens a second, as the engine reads them
+        self.loads = Throughput()  # bytes a second, as files are loaded
+
+    def note_prefill(self, tokens: int, seconds: float) -> None:
+        self.prefill.add(tokens, seconds)
 
     def lookup(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]:
         n_mem, kv = self.memory.lookup(tokens)
         n_disk, entry = self.disk.longest(tokens)
         # Reading a file pays only when it saves a real stretch of prefill over memory.
         if entry is not None and n_disk >= n_mem + self.disk.min_tokens:
-            loaded = self.disk.load(entry)
-            if loaded is not None:
-                self.disk_hits += 1
-                self.memory.insert([int(t) for t in entry.tokens], loaded)
-                return n_disk, loaded
+            if self._quicker_to_read_again(n_disk - n_mem, entry.nbytes):
+                self.disk_skipped += 1
+            else:
+                began = time.perf_counter()
+                loaded = self.disk.load(entry)
+                if loaded is not None:
+                    self.loads.add(entry.nbytes, time.perf_counter() - began)
+                    self.disk_hits += 1
+                    self.memory.insert([int(t) for t in entry.tokens], loaded)
+                    return n_disk, loaded
         if kv is not None and n_mem >= max(self.disk.min_tokens, 2 * self.disk.covered(tokens)):
             self.disk.save(list(tokens[:n_mem]), [(k[..., :n_mem, :], v[..., :n_mem, :]) for k, v in kv])
         return n_mem, kv
+
+    def _quicker_to_read_again(self, tokens: int, nbytes: int) -> bool:
+        """Whether prefill would read `tokens` sooner than a file of `nbytes` loads, by the rates
+        measured so far (no: load, while either is unknown). On an H200 a 4-5k-token prompt read
+        again came to its first token in 0.80 s, loaded from disk in 1.35 s (docs/benchmarks-log.md,
+        "CUDA graphs off, served"); on a CPU or a Mac prefill is the slower by far."""
+        read, load = self.prefill.seconds_for(tokens), self.loads.seconds_for(nbytes)
+        return read is not None and load is not None and read < load
 
     def insert(self, tokens: list[int], kv: list[LayerKV]) -> None:
         self.memory.insert(tokens, kv)
