@@ -22,8 +22,8 @@ from paper.sections_engine import batch_decode, long_prompt, rewrite  # noqa: E4
 from paper.sections_more import agent_turns, constraint, kernels  # noqa: E402
 from paper.sections_served import served_traffic  # noqa: E402
 
-SECTIONS = {"served_traffic": served_traffic, "batch_decode": batch_decode, "long_prompt": long_prompt, "rewrite": rewrite,
-            "constraint": constraint, "kernels": kernels, "agent_turns": agent_turns}
+SECTIONS = {"served_traffic": served_traffic, "batch_decode": batch_decode, "long_prompt": long_prompt,
+            "rewrite": rewrite, "constraint": constraint, "kernels": kernels, "agent_turns": agent_turns}
 PAPER = Path(__file__).resolve().parent / "paper.md"
 BLOCK = re.compile(r"<!-- generated:(?P<name>\w+) files=(?P<files>[^ ]*) -->\n(?P<body>.*?)"
                    r"<!-- end generated:(?P=name) -->", re.S)

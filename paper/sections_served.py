@@ -110,10 +110,12 @@ def _failures(f: Result) -> str | None:
     failed = {server: counts for server, counts in (f.data.get("failures") or {}).items() if any(counts.values())}
     if not failed:
         return None
+
     def what(key: str, n: int) -> str:
         return f"{n} round{'s' if n > 1 else ''} failed or skipped" if key == "rounds" else f"{n} at {key} agents"
 
-    parts = [f"{server}: " + ", ".join(what(key, n) for key, n in counts.items() if n) for server, counts in failed.items()]
+    parts = [f"{server}: " + ", ".join(what(key, n) for key, n in counts.items() if n)
+             for server, counts in failed.items()]
     return "Failed: " + "; ".join(parts) + " (the report's `runs` say why)."
 
 

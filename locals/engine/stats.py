@@ -120,8 +120,8 @@ class GapClock:
             self._long_phases[phase] = self._long_phases.get(phase, 0.0) + took
         spent = ", ".join(f"{phase} {took * 1e3:.0f}" for phase, took in
                           sorted(phases.items(), key=lambda kv: -kv[1]) if took >= 0.001)
-        # MLX's memory beside it: near its limit, an allocation that misses the buffer cache frees
-        # cached buffers first, which waits for the device ("queue").
+        # MLX's memory beside it: near MLX's limit an allocation that misses its buffer cache frees
+        # cached buffers first and waits for the device, one cause of a long "queue" among others.
         log.info("long gap: %.0f ms between step reads (ms: %s; the step read: %d rows, %d prompt tokens; "
                  "MLX memory: %.1f GB active, %.1f GB cached)", gap_s * 1e3, spent, rows, prompt_tokens,
                  mx.get_active_memory() / 1e9, mx.get_cache_memory() / 1e9)
