@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 FLUSH_TIMEOUT_S = 60.0
 # Unforced tokens in a row after which a constrained row is writing a value (`_masks_can_follow` may queue early).
 FREE_RUN = 8
-# Steps reading this many prompt tokens or more time the prefill the prompt cache weighs disk loads
-# against (tiered_cache.py); fewer tokens would time the step's other work more than the reading.
+# A step reading this many prompt tokens or more times the engine's prefill for the prompt cache,
+# which loads a prefix from disk only where that is quicker (tiered_cache.py); fewer tokens time
+# the step's other work more than the reading.
 PREFILL_SAMPLE_TOKENS = 128
 
 
@@ -271,9 +272,7 @@ class Engine:
                 # prefix in one go: every running stream would stall on it).
                 copying = self._pump is not None and self._pump(idle)
                 gaps.mark("disk copy")
-                # Only requests held for a disk read: wait for it (it wakes the inbox), do not spin.
-                only_reading = launched is None and not self._active and self.prefix_cache.reading
-                self._drain(block=(idle or only_reading) and not copying and not warming)
+                self._drain(block=idle and not copying and not warming)
                 gaps.mark("inbox")
                 self._admit()
                 gaps.mark("admit")
@@ -352,10 +351,6 @@ class Engine:
         self.counters.steps += 1
         return launched
 
-    def _wake(self) -> None:
-        """Wake the engine loop if it waits on its inbox (any thread)."""
-        self._inbox.put(Wake())
-
     def _drain(self, block: bool) -> None:
         try:
             item = self._inbox.get(timeout=0.25) if block else self._inbox.get_nowait()
@@ -399,9 +394,7 @@ class Engine:
             if not request.prompt_tokens:
                 self._finish_waiting(entry, "error", "empty prompt: at least one token is needed")
                 continue
-            # Held: another row is reading its prefix, or its prefix is being read from disk.
-            if (self.shared_prefill.hold(request, self._active)
-                    or self.prefix_cache.prepare(request.prompt_tokens, self._wake)):
+            if self.shared_prefill.hold(request, self._active):
                 held.append(entry)
                 continue
             verdict = self.admission.check(request)

@@ -16,9 +16,9 @@ from locals.engine.engine import Engine
 from locals.engine.cache.prefix_cache import MemoryPrefixCache
 from locals.engine.settings import EngineConfig
 from locals.engine.cache.tiered_cache import Throughput, TieredPrefixCache
-from locals.protocol import FinishEvent, GenerationRequest, SamplingParams
+from locals.protocol import GenerationRequest, SamplingParams
 
-from tests.helpers.engine_runs import Collector, wait_for
+from tests.helpers.engine_runs import Collector
 
 
 def _kv(n: int, layers: int = 3, dtype=mx.float32):
@@ -174,85 +174,3 @@ def test_the_engine_times_its_prefill_for_the_prompt_cache(tiny_llama, tmp_path)
         eng.stop()
     assert cache.prefill.per_s is not None and cache.prefill.per_s > 0
     assert eng.stats().extra["prefix_disk_skipped"] == 0
-
-
-def _written(tmp_path, prompt, kv) -> None:
-    """`prompt`'s first 200 tokens on disk, as a reused prefix is written."""
-    first = TieredPrefixCache(MemoryPrefixCache(10**9), DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=64))
-    first.insert(prompt, kv)
-    first.lookup(prompt[:200] + [999])
-    while first.disk.pending_copy_bytes:
-        first.disk.pump(None)
-    first.disk.flush(10)
-
-
-def test_a_prepared_prefix_is_read_off_the_engine_thread_and_lands_in_memory(tmp_path):
-    prompt, kv = list(range(300)), _kv(300)
-    _written(tmp_path, prompt, kv)
-    cache = TieredPrefixCache(MemoryPrefixCache(10**9), DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=64))
-    gate, readers, woken = threading.Event(), [], threading.Event()
-    real_read = cache.disk.read
-
-    def slow_read(entry):
-        readers.append(threading.current_thread().name)
-        gate.wait(10)
-        return real_read(entry)
-
-    cache.disk.read = slow_read
-    asked = prompt[:200] + [1]
-    assert cache.prepare(asked, woken.set) and cache.reading  # held while the file is read
-    assert cache.prepare(asked, woken.set) and len(readers) == 1  # one read, however often asked
-    gate.set()
-    assert woken.wait(10)
-    assert not cache.prepare(asked, woken.set) and not cache.reading  # landed in memory
-    assert readers == ["locals-kv-reader"] and cache.disk_hits == 1
-    n, hit = cache.lookup(asked)
-    assert n == 200 and _same(hit, [(k[..., :200, :], v[..., :200, :]) for k, v in kv])
-    assert len(readers) == 1 and cache.loads.per_s is not None  # the lookup read nothing more
-
-
-def test_a_read_whose_request_went_lands_in_memory_all_the_same(tmp_path):
-    prompt, kv = list(range(300)), _kv(300)
-    _written(tmp_path, prompt, kv)
-    cache = TieredPrefixCache(MemoryPrefixCache(10**9), DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=64))
-    woken = threading.Event()
-    assert cache.prepare(prompt[:200] + [1], woken.set)
-    assert woken.wait(10)  # its request was cancelled meanwhile: nobody asks again for it
-    cache.prepare([5, 6, 7], woken.set)  # any later request claims what finished
-    assert not cache.reading and cache.memory.longest(prompt[:200] + [2]) == 200
-
-
-def test_a_stream_decodes_on_while_another_requests_prefix_is_read_from_disk(tiny_llama, tmp_path):
-    system = list(range(1000, 1200))
-    store = DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=16)
-    before = Engine(tiny_llama, EngineConfig(step_token_budget=64), prefix_cache=TieredPrefixCache(
-        MemoryPrefixCache(1 << 30), store))
-    before.start()
-    try:
-        for suffix in ([5, 6], [7, 8]):  # reused: the system prompt goes to disk
-            c = Collector()
-            c.submit(before, GenerationRequest(system + suffix, SamplingParams(max_tokens=2)))
-            c.wait()
-    finally:
-        before.stop()
-    cache = TieredPrefixCache(MemoryPrefixCache(1 << 30), DiskPrefixStore(tmp_path, "m", 10**9, min_tokens=16))
-    gate, real_read = threading.Event(), cache.disk.read
-    cache.disk.read = lambda entry: (gate.wait(30), real_read(entry))[1]
-    after = Engine(tiny_llama, EngineConfig(step_token_budget=64), prefix_cache=cache)
-    after.start()
-    try:
-        c = Collector()
-        stream = c.submit(after, GenerationRequest([9, 10, 11], SamplingParams(max_tokens=24)))
-        held = c.submit(after, GenerationRequest(system + [12], SamplingParams(max_tokens=2)))
-        def finished(rid: str) -> bool:
-            with c.lock:
-                return bool(c.events[rid]) and isinstance(c.events[rid][-1], FinishEvent)
-
-        assert wait_for(lambda: finished(stream), timeout=60)  # all its tokens while the file is read
-        assert not finished(held) and cache.reading
-        gate.set()
-        c.wait()
-    finally:
-        after.stop()
-    assert len(c.tokens(stream)) == 24 and c.finish(held).usage.cached_tokens >= len(system) - 1
-    assert after.stats().extra["prefix_disk_hits"] == 1

@@ -118,14 +118,8 @@ def read_header(path: Path, key: str | None) -> dict | None:
     return header if key is None or header.get("model_key") == key else None
 
 
-# A file's KV as host arrays (views of its bytes) and the dtype they hold: what `parse` makes
-# without MLX, on any thread, and `to_mlx` turns into arrays on the MLX thread.
-HostKV = tuple[list[int], list[tuple[np.ndarray, np.ndarray]], str]
-
-
-def parse(data, key: str) -> HostKV | None:
-    """Tokens and KV as host arrays from a file's bytes (bytes or a memory map), or None if any
-    check fails. Touches no MLX: safe off the engine thread."""
+def decode(data, key: str) -> tuple[list[int], list[LayerKV]] | None:
+    """Tokens and KV from a file's bytes (bytes or a memory map), or None if any check fails."""
     data = memoryview(data).cast("B")
     if len(data) < len(MAGIC) + 8 + 32 or bytes(data[:len(MAGIC)]) != MAGIC:
         return None
@@ -136,7 +130,7 @@ def parse(data, key: str) -> HostKV | None:
     start = len(MAGIC) + 8
     try:
         header = json.loads(bytes(body[start:start + size]))
-        np_dtype = _DTYPES[header["dtype"]][1]
+        mx_dtype, np_dtype, view = _DTYPES[header["dtype"]]
     except (ValueError, KeyError):
         return None
     if header.get("model_key") != key:
@@ -148,24 +142,12 @@ def parse(data, key: str) -> HostKV | None:
             count = int(np.prod(shape))
             arr = np.frombuffer(body, dtype=np_dtype, count=count, offset=offset).reshape(shape)
             offset += arr.nbytes
-            pair.append(arr)
+            m = mx.array(arr)
+            pair.append(m.view(mx_dtype) if view is not None else m)
         kv.append(tuple(pair))
     if offset != len(body):
         return None
-    return header["tokens"], kv, header["dtype"]
-
-
-def to_mlx(host: HostKV) -> list[LayerKV]:
-    """`parse`'s host arrays as MLX arrays (copies; on the MLX thread)."""
-    _, kv, dtype = host
-    mx_dtype, _, view = _DTYPES[dtype]
-    return [tuple(mx.array(a).view(mx_dtype) if view is not None else mx.array(a) for a in pair) for pair in kv]
-
-
-def decode(data, key: str) -> tuple[list[int], list[LayerKV]] | None:
-    """Tokens and KV from a file's bytes (bytes or a memory map), or None if any check fails."""
-    host = parse(data, key)
-    return None if host is None else (host[0], to_mlx(host))
+    return header["tokens"], kv
 
 
 class HostCopy:
@@ -292,27 +274,18 @@ class DiskPrefixStore:
 
     def load(self, entry: DiskEntry) -> list[LayerKV] | None:
         """The entry's KV, or None (and the file deleted) if it fails its checks."""
-        host = self.read(entry)
-        return None if host is None else to_mlx(host)
-
-    def read(self, entry: DiskEntry) -> HostKV | None:
-        """The entry checked and as host arrays (`parse`), or None (and the file deleted) if it
-        fails its checks. Touches no MLX: a background thread may read while the engine runs."""
         try:
             with open(entry.path, "rb") as f:
-                # Mapped, not read: the pages are hashed, which brings them in, and copied to MLX once each.
+                # Mapped, not read: the pages are hashed and copied to MLX once each.
                 data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else b""
         except (OSError, ValueError):
             data = b""
-        host = parse(data, self.key)
-        if host is None or not np.array_equal(np.asarray(host[0], np.int64), entry.tokens):
+        decoded = decode(data, self.key)
+        if decoded is None or not np.array_equal(np.asarray(decoded[0], np.int64), entry.tokens):
             self._forget(entry.path.stem, delete=True)
             return None
-        try:
-            os.utime(entry.path)  # recently used
-        except OSError:  # evicted meanwhile: what was read is still good
-            pass
-        return host
+        os.utime(entry.path)  # recently used
+        return decoded[1]
 
     def covered(self, tokens: list[int]) -> int:
         """Leading tokens of `tokens` that disk holds or will hold once queued writes land."""

@@ -36,13 +36,6 @@ class PrefixCache(Protocol):
         steps; `everything` at shutdown); True while more can go now. Nothing by default."""
         return False
 
-    def prepare(self, tokens: list[int], wake) -> bool:
-        """True while what `lookup(tokens)` would load is being read off the engine thread (the
-        request waits; `wake()` is called when the read is done). Never, by default."""
-        return False
-
-    reading: bool = False  # a read for a held request under way
-
     def note_prefill(self, tokens: int, seconds: float) -> None:
         """A pass read `tokens` prompt tokens in `seconds` (a disk tier weighs loads against it)."""
         return None

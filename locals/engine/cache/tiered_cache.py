@@ -14,16 +14,11 @@ disk is loaded only where that is expected to be quicker than reading its tokens
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
-from collections.abc import Callable
 
-from locals.engine.cache.disk_cache import DiskEntry, DiskPrefixStore, to_mlx
+from locals.engine.cache.disk_cache import DiskPrefixStore
 from locals.engine.forward.kv import LayerKV
 from locals.engine.cache.prefix_cache import MemoryPrefixCache, NoPrefixCache, PrefixCache
-
-log = logging.getLogger(__name__)
 
 # Host copy per engine-loop turn while requests run: at most this many bytes, and past this many
 # seconds no further head's rows. Into host pages already touched (by HostCopy.prepare, off this
@@ -77,71 +72,28 @@ class TieredPrefixCache(PrefixCache):
         self.disk_skipped = 0  # prefixes on disk read again instead, as the quicker way
         self.prefill = Throughput()  # prompt tokens a second, as the engine reads them
         self.loads = Throughput()  # bytes a second, as files are loaded
-        self._reads: dict[str, _Read] = {}  # files being read in the background, by name
 
     def note_prefill(self, tokens: int, seconds: float) -> None:
         self.prefill.add(tokens, seconds)
 
-    def prepare(self, tokens: list[int], wake: Callable[[], None]) -> bool:
-        """True while the file `lookup(tokens)` would load is being read: the engine holds the
-        request and runs the others meanwhile. The read (the file mapped, hashed and checked)
-        runs on a thread of its own and calls `wake` when done; only the copy into MLX arrays
-        is left to this, the engine's, thread. A load on the engine thread stalled every stream:
-        a 700 MB file took 0.6-2.2 s on a two-core VM. Reads that finished land in memory here."""
-        self._claim_finished()
-        worth = self._worth_loading(tokens)
-        if worth is None:
-            return False
-        entry = worth[1]
-        name = entry.path.stem
-        if name not in self._reads:
-            self._reads[name] = _Read(self.disk, entry, wake)
-        return True
-
-    @property
-    def reading(self) -> bool:
-        """Whether a file is being read for a held request."""
-        return bool(self._reads)
-
     def lookup(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]:
-        self._claim_finished()
         n_mem, kv = self.memory.lookup(tokens)
-        worth = self._worth_loading(tokens, count_skip=True)
-        if worth is not None:  # not prepared (a caller that does not hold requests): loaded here
-            (n_disk, entry), began = worth, time.perf_counter()
-            host = self.disk.read(entry)
-            if host is not None:
-                return n_disk, self._land(entry, host, time.perf_counter() - began)
+        n_disk, entry = self.disk.longest(tokens)
+        # Reading a file pays only when it saves a real stretch of prefill over memory.
+        if entry is not None and n_disk >= n_mem + self.disk.min_tokens:
+            if self._quicker_to_read_again(n_disk - n_mem, entry.nbytes):
+                self.disk_skipped += 1
+            else:
+                began = time.perf_counter()
+                loaded = self.disk.load(entry)
+                if loaded is not None:
+                    self.loads.add(entry.nbytes, time.perf_counter() - began)
+                    self.disk_hits += 1
+                    self.memory.insert([int(t) for t in entry.tokens], loaded)
+                    return n_disk, loaded
         if kv is not None and n_mem >= max(self.disk.min_tokens, 2 * self.disk.covered(tokens)):
             self.disk.save(list(tokens[:n_mem]), [(k[..., :n_mem, :], v[..., :n_mem, :]) for k, v in kv])
         return n_mem, kv
-
-    def _worth_loading(self, tokens: list[int], count_skip: bool = False) -> tuple[int, DiskEntry] | None:
-        """(tokens it serves, the file) a lookup of `tokens` should load: it saves a real stretch
-        of prefill over memory, and loading it is not slower than reading those tokens again."""
-        n_mem, (n_disk, entry) = self.memory.longest(tokens), self.disk.longest(tokens)
-        if entry is None or n_disk < n_mem + self.disk.min_tokens:
-            return None
-        if self._quicker_to_read_again(n_disk - n_mem, entry.nbytes):
-            self.disk_skipped += count_skip
-            return None
-        return n_disk, entry
-
-    def _claim_finished(self) -> None:
-        """Reads that finished, into memory (whether or not their request is still waiting)."""
-        for name in [name for name, read in self._reads.items() if read.done.is_set()]:
-            read = self._reads.pop(name)
-            if read.host is not None:
-                self._land(read.entry, read.host, read.seconds)
-
-    def _land(self, entry: DiskEntry, host, read_s: float) -> list[LayerKV]:
-        """A file's KV read in `read_s` seconds, copied into MLX and kept in memory."""
-        began = time.perf_counter()
-        loaded = to_mlx(host)
-        self.loads.add(entry.nbytes, read_s + time.perf_counter() - began)
-        self.disk_hits += 1
-        self.memory.insert([int(t) for t in entry.tokens], loaded)
-        return loaded
 
     def _quicker_to_read_again(self, tokens: int, nbytes: int) -> bool:
         """Whether prefill would read `tokens` sooner than a file of `nbytes` loads, by the rates
@@ -179,24 +131,3 @@ class TieredPrefixCache(PrefixCache):
     @property
     def lookups(self) -> int:
         return self.memory.lookups
-
-
-class _Read:
-    """One file read and checked on a thread of its own (`DiskPrefixStore.read`: no MLX)."""
-
-    def __init__(self, disk: DiskPrefixStore, entry: DiskEntry, wake: Callable[[], None]):
-        self.entry, self.host, self.seconds = entry, None, 0.0
-        self.done = threading.Event()
-        self._disk, self._wake = disk, wake
-        threading.Thread(target=self._run, name="locals-kv-reader", daemon=True).start()
-
-    def _run(self) -> None:
-        began = time.perf_counter()
-        try:
-            self.host = self._disk.read(self.entry)
-        except Exception:  # a read that fails loads nothing: the request reads its prompt
-            log.exception("reading a prompt-cache file failed")
-        finally:
-            self.seconds = time.perf_counter() - began
-            self.done.set()
-            self._wake()
