@@ -16,7 +16,8 @@ was read, and what the engine's choices rest on: [benchmarks-log.md](benchmarks-
 INTRO = {
     "served_traffic": """What a client gets: `locals serve` against `mlx_lm.server` (and llama.cpp's server where it
 runs), fresh processes on the same weights, driven over HTTP by agent-shaped traffic (staggered agents
-sharing a system prompt, turns, tools, tool time, then a burst; [bench.md](bench.md)). Below it: diagnostics.
+sharing a system prompt, turns, tools, tool time, then a burst; [bench.md](bench.md)); each agent count's
+newest run on each machine. Below it: diagnostics.
 
 ```
 python benchmarks/serve_traffic.py --agents 8 --kernels K   # a GPU: random-weight Qwen3-4B shape (see --help)
