@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-from locals.engine.load import backend
 from locals.engine.bench import bench_prompts as prompts  # noqa: F401  (re-exported for the scripts)
 from locals.engine.bench import interleaved, summary  # noqa: F401
 from locals.engine.bench import without_eos as no_eos  # noqa: F401
@@ -67,6 +66,11 @@ def ragged(ps: list[list[int]], shortest: int, spread: int) -> list[list[int]]:
     return [p[: shortest + (i * spread) // max(n - 1, 1)] for i, p in enumerate(ps)]
 
 
+# The MLX settings the run was started with, taken before locals sets its own defaults in this
+# process (backend.keep_compiled_kernels, cuda_launch_settings): a results file records the user's.
+USER_MLX_ENV = {k: v for k, v in os.environ.items() if k.startswith("MLX_")}
+
+
 def write_results(name: str, data: dict, path: Path | None = None) -> Path:
     """Write `data` (plus machine info and the command line) as benchmarks/results/<name>-<device>-<time>.json,
     or over `path` (a run that saves what it has after each part, so a cut-off run keeps it)."""
@@ -77,7 +81,7 @@ def write_results(name: str, data: dict, path: Path | None = None) -> Path:
     gpu = dict(mx.device_info()).get("device_name") if device == "gpu" else None
     data = {"benchmark": name, "device": device, **({"device_name": gpu} if gpu else {}), "machine": platform.machine(),
             "mlx": mx.__version__, "when": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
-            "mlx_env": {k: v for k, v in os.environ.items() if k.startswith("MLX_") and k not in backend.SET_HERE},
+            "mlx_env": USER_MLX_ENV,
             "locals_env": {k: v for k, v in os.environ.items()
                            if k.startswith("LOCALS_") and k not in ("LOCALS_HOME",)}, **data}
     path = path or RESULTS / f"{name}-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
@@ -133,6 +137,7 @@ def load_pair(random_model: str | None):
     CPU, embedded model: locals runs dense f32 (its CPU path), mlx-lm the GGUF's
     quantized weights as MLX loads them. With a random model both run the same weights.
     """
+    from locals.engine.load import backend
     from locals.engine.load import gguf
     from locals.engine.load.models import LoadedModel, embedded_gguf_path, load_model
 

@@ -19,24 +19,17 @@ def test_compiled_kernels_go_to_the_locals_cache_per_mlx_version(tmp_path, monke
 def test_mlx_launches_cuda_kernels_without_graphs_and_keeps_more_unless_the_user_chose(monkeypatch):
     for name in ("MLX_USE_CUDA_GRAPHS", "MLX_CUDA_GRAPH_CACHE_SIZE"):
         monkeypatch.delenv(name, raising=False)  # restored after the test
-    monkeypatch.setattr("locals.engine.load.backend.SET_HERE", set())
     cuda_launch_settings()
     assert os.environ["MLX_USE_CUDA_GRAPHS"] == "0"
     assert os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"] == str(CUDA_GRAPH_CACHE)
-    from locals.engine.load import backend
-
-    assert backend.SET_HERE == {"MLX_USE_CUDA_GRAPHS", "MLX_CUDA_GRAPH_CACHE_SIZE"}  # a benchmark leaves them out
-    monkeypatch.setattr("locals.engine.load.backend.SET_HERE", set())
     monkeypatch.setenv("MLX_USE_CUDA_GRAPHS", "1")
     monkeypatch.setenv("MLX_CUDA_GRAPH_CACHE_SIZE", "400")
     cuda_launch_settings()
     assert (os.environ["MLX_USE_CUDA_GRAPHS"], os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"]) == ("1", "400")
-    assert backend.SET_HERE == set()
 
 
 def test_tuning_times_kernels_in_cuda_graphs_and_a_model_loaded_after_keeps_them(monkeypatch):
     monkeypatch.delenv("MLX_USE_CUDA_GRAPHS", raising=False)  # restored after the test
-    monkeypatch.setattr("locals.engine.load.backend.SET_HERE", set())
     cuda_launch_settings(graphs=True)  # `locals tune`, first
     cuda_launch_settings()  # its load_model, after
     assert os.environ["MLX_USE_CUDA_GRAPHS"] == "1"

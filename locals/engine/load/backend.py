@@ -76,11 +76,6 @@ def mlx_version() -> str:
     return mx.__version__
 
 
-# MLX's environment settings this process took from locals rather than the user: a benchmark
-# records only the user's (benchmarks/common.py).
-SET_HERE: set[str] = set()
-
-
 def keep_compiled_kernels() -> None:
     """Keep MLX's compiled CUDA kernels under locals' cache, per MLX version.
 
@@ -94,7 +89,6 @@ def keep_compiled_kernels() -> None:
         return
     if (folder := compiled_kernel_folder()) is not None:
         os.environ["MLX_PTX_CACHE_DIR"] = str(folder)  # MLX reads it from this process's environment
-        SET_HERE.add("MLX_PTX_CACHE_DIR")
 
 
 # MLX encodes a stream's kernels into CUDA graphs (chains of up to 100 kernels on an H100 or
@@ -117,10 +111,8 @@ def cuda_launch_settings(graphs: bool = False) -> None:
     so does an earlier call's. MLX reads both when a stream first queues work: call this before any."""
     if not settings.foreign("MLX_USE_CUDA_GRAPHS"):
         os.environ["MLX_USE_CUDA_GRAPHS"] = "1" if graphs else CUDA_GRAPHS
-        SET_HERE.add("MLX_USE_CUDA_GRAPHS")
     if not settings.foreign("MLX_CUDA_GRAPH_CACHE_SIZE"):
         os.environ["MLX_CUDA_GRAPH_CACHE_SIZE"] = str(CUDA_GRAPH_CACHE)
-        SET_HERE.add("MLX_CUDA_GRAPH_CACHE_SIZE")
 
 
 def compiled_kernel_folder() -> Path | None:
