@@ -94,9 +94,10 @@ def bench(
                                help="Tokens each request decodes (EOS ignored)."),
     prompt_len: int = typer.Option(128, "--prompt-len", rich_help_panel=ENGINE, help="Prompt tokens per request."),
 ) -> None:
-    """How fast this machine serves coding agents: locals against mlx_lm.server (and llama.cpp's
-    server where it runs) as fresh servers on the same weights, agent-shaped traffic over HTTP;
-    saves a JSON report with every request."""
+    """How fast this machine serves coding agents, against mlx_lm.server and llama.cpp's server.
+
+    Fresh servers on the same weights (llama.cpp's where it runs), agent-shaped traffic over HTTP,
+    rounds interleaved; saves a JSON report with every request."""
     if engine:
         from locals.cli.bench_engine import engine_bench, parse_batches
 
