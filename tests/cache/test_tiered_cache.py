@@ -154,11 +154,15 @@ def test_a_prefix_on_disk_is_read_again_where_prefill_is_quicker_than_loading(tm
     fast_prefill = restarted()
     fast_prefill.loads.add(1, 1.0)  # a byte a second: any file loads slower than
     fast_prefill.note_prefill(10_000, 1.0)  # 10k tokens a second
+    # What it would find counts no file it would skip: a request sharing the prefix with a row
+    # reading it then waits for that row rather than reading it too (SharedPrefill).
+    assert fast_prefill.longest(prompt[:200] + [1]) == 0 and fast_prefill.disk_skipped == 0
     n, hit = fast_prefill.lookup(prompt[:200] + [1])
     assert (n, hit) == (0, None) and fast_prefill.disk_skipped == 1 and fast_prefill.disk_hits == 0
     slow_prefill = restarted()
     slow_prefill.loads.add(10**9, 1.0)
     slow_prefill.note_prefill(1, 1.0)
+    assert slow_prefill.longest(prompt[:200] + [1]) == 200
     assert slow_prefill.lookup(prompt[:200] + [1])[0] == 200 and slow_prefill.disk_hits == 1
 
 

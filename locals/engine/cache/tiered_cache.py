@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from locals.engine.cache.disk_cache import DiskPrefixStore
+from locals.engine.cache.disk_cache import DiskEntry, DiskPrefixStore
 from locals.engine.forward.kv import LayerKV
 from locals.engine.cache.prefix_cache import MemoryPrefixCache, NoPrefixCache, PrefixCache
 
@@ -78,22 +78,31 @@ class TieredPrefixCache(PrefixCache):
 
     def lookup(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]:
         n_mem, kv = self.memory.lookup(tokens)
-        n_disk, entry = self.disk.longest(tokens)
-        # Reading a file pays only when it saves a real stretch of prefill over memory.
-        if entry is not None and n_disk >= n_mem + self.disk.min_tokens:
-            if self._quicker_to_read_again(n_disk - n_mem, entry.nbytes):
-                self.disk_skipped += 1
-            else:
-                began = time.perf_counter()
-                loaded = self.disk.load(entry)
-                if loaded is not None:
-                    self.loads.add(entry.nbytes, time.perf_counter() - began)
-                    self.disk_hits += 1
-                    self.memory.insert([int(t) for t in entry.tokens], loaded)
-                    return n_disk, loaded
+        n_disk, entry = self._disk_entry(tokens, n_mem)
+        if entry is not None:
+            began = time.perf_counter()
+            loaded = self.disk.load(entry)
+            if loaded is not None:
+                self.loads.add(entry.nbytes, time.perf_counter() - began)
+                self.disk_hits += 1
+                self.memory.insert([int(t) for t in entry.tokens], loaded)
+                return n_disk, loaded
         if kv is not None and n_mem >= max(self.disk.min_tokens, 2 * self.disk.covered(tokens)):
             self.disk.save(list(tokens[:n_mem]), [(k[..., :n_mem, :], v[..., :n_mem, :]) for k, v in kv])
         return n_mem, kv
+
+    def _disk_entry(self, tokens: list[int], n_mem: int, count: bool = True) -> tuple[int, DiskEntry | None]:
+        """(tokens, entry) of the file worth loading for `tokens` beyond memory's `n_mem`, else
+        (n_mem, None); `count` records a skip in `disk_skipped`."""
+        n_disk, entry = self.disk.longest(tokens)
+        # Reading a file pays only when it saves a real stretch of prefill over memory.
+        if entry is None or n_disk < n_mem + self.disk.min_tokens:
+            return n_mem, None
+        if self._quicker_to_read_again(n_disk - n_mem, entry.nbytes):
+            if count:
+                self.disk_skipped += 1
+            return n_mem, None
+        return n_disk, entry
 
     def _quicker_to_read_again(self, tokens: int, nbytes: int) -> bool:
         """Whether prefill would read `tokens` sooner than a file of `nbytes` loads, by the rates
@@ -118,7 +127,9 @@ class TieredPrefixCache(PrefixCache):
         return self.disk.flush(timeout)
 
     def longest(self, tokens: list[int]) -> int:
-        return max(self.memory.longest(tokens), self.disk.longest(tokens)[0])
+        """What a lookup would find: a prefix on disk counts only where it would be loaded (a
+        request skipping it is better off waiting for a row that reads it, `SharedPrefill`)."""
+        return self._disk_entry(tokens, self.memory.longest(tokens), count=False)[0]
 
     @property
     def nbytes(self) -> int:
