@@ -92,7 +92,7 @@ class TieredPrefixCache(PrefixCache):
         return n_mem, kv
 
     def _disk_entry(self, tokens: list[int], n_mem: int, count: bool = True) -> tuple[int, DiskEntry | None]:
-        """(tokens, entry) of the file worth loading for `tokens` beyond memory's `n_mem`, else
+        """(prefix length, entry) of the file worth loading for `tokens` beyond memory's `n_mem`, else
         (n_mem, None); `count` records a skip in `disk_skipped`."""
         n_disk, entry = self.disk.longest(tokens)
         # Reading a file pays only when it saves a real stretch of prefill over memory.
