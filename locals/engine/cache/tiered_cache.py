@@ -92,8 +92,8 @@ class TieredPrefixCache(PrefixCache):
         return n_mem, kv
 
     def _disk_entry(self, tokens: list[int], n_mem: int, count: bool = True) -> tuple[int, DiskEntry | None]:
-        """(prefix length, entry) of the file worth loading for `tokens` beyond memory's `n_mem`, else
-        (n_mem, None); `count` records a skip in `disk_skipped`."""
+        """(prefix length, entry) of the file worth loading for `tokens` beyond memory's
+        `n_mem`, else (n_mem, None); `count` records a skip in `disk_skipped`."""
         n_disk, entry = self.disk.longest(tokens)
         # Reading a file pays only when it saves a real stretch of prefill over memory.
         if entry is None or n_disk < n_mem + self.disk.min_tokens:
