@@ -96,8 +96,7 @@ def bench(
 ) -> None:
     """How fast this machine serves coding agents, against mlx_lm.server and llama.cpp's server.
 
-    Fresh servers on the same weights (llama.cpp's where it runs), agent-shaped traffic over HTTP,
-    rounds interleaved; saves a JSON report with every request."""
+    Fresh servers on the same weights, agent-shaped traffic over HTTP, rounds interleaved; a JSON report keeps every request."""
     if engine:
         from locals.cli.bench_engine import engine_bench, parse_batches
 

@@ -448,6 +448,23 @@ def test_decode_batch_keeps_every_row_through_growing_and_shrinking():
     assert [r.slot for r in rows[4:]] == [1, 0] and all(_same_kv(r, s) for r, s in zip(rows[4:], kept[4:]))
 
 
+def test_a_row_leaving_moves_the_last_one_without_copying_the_batch():
+    """The last member moves into the freed slot in place: MLX's memory grows by the moved row's
+    K/V, not by a copy of a layer's whole array (which a write from a slice of itself made)."""
+    mx.random.seed(4)
+    batch = DecodeBatch(2, least_slots=1)
+    rows, kept, _ = _join_rows(batch, [1500, 1400, 1300, 1200])
+    mx.eval(batch.kv)
+    layer_bytes = batch.kv[0].nbytes
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    rows[1].release()
+    mx.eval(batch.kv)
+    assert (batch.rows_cap, batch.t_cap) == (4, 1536)  # nothing shrank: the arrays were written, not remade
+    assert mx.get_peak_memory() - before < layer_bytes / 2
+    assert rows[3].slot == 1 and all(_same_kv(r, s) for r, s in zip([rows[0], rows[2], rows[3]], [kept[0], kept[2], kept[3]]))
+
+
 def test_where_nothing_compiles_a_batch_holds_as_many_slots_as_rows(tiny_llama):
     """The CPU's batch: one row in one slot (a batch of four cost a row's second token ~95 ms
     to allocate there), doubling as rows join and halving once a quarter is used, no K/V lost."""

@@ -180,9 +180,16 @@ class DecodeBatch:
         if slot != last:
             moved = self.members[last]
             n = moved.length  # includes a token written by a step already queued
-            for a in self.kv:
-                a[slot : slot + 1, :, :n] = a[last : last + 1, :, :n]
-                a[rc + slot : rc + slot + 1, :, :n] = a[rc + last : rc + last + 1, :, :n]
+            # The moved row is copied out first, and evaluated: written from a slice of itself (or
+            # from a copy queued with the write), a layer's array cannot take the write in place,
+            # the slice holding its buffer, and MLX copied the whole array, twice a layer
+            # (docs/benchmarks-log.md, "A row leaving the decode batch").
+            parts = [(mx.contiguous(a[last : last + 1, :, :n]), mx.contiguous(a[rc + last : rc + last + 1, :, :n]))
+                     for a in self.kv]
+            mx.eval(parts)
+            for a, (keys, values) in zip(self.kv, parts):
+                a[slot : slot + 1, :, :n] = keys
+                a[rc + slot : rc + slot + 1, :, :n] = values
             self.members[slot] = moved
             moved.slot = slot
         self.members.pop()
