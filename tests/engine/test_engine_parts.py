@@ -14,6 +14,7 @@ from locals.engine.forward import host_attention
 from locals.engine.forward.forward import CompiledBlocks, RowInput, forward
 from locals.engine.forward.forward import forward as forward_pass
 from locals.engine.engine import Engine
+from locals.engine.forward import kv
 from locals.engine.forward.kv import DecodeBatch, RowKV
 from locals.engine.settings import EngineConfig
 from locals.engine.cache.prefix_cache import MemoryPrefixCache, NoPrefixCache
@@ -448,9 +449,12 @@ def test_decode_batch_keeps_every_row_through_growing_and_shrinking():
     assert [r.slot for r in rows[4:]] == [1, 0] and all(_same_kv(r, s) for r, s in zip(rows[4:], kept[4:]))
 
 
-def test_a_row_leaving_moves_the_last_one_without_copying_the_batch():
+@pytest.mark.parametrize("settled", [True, False])
+def test_a_row_leaving_moves_the_last_one_without_copying_the_batch(settled, monkeypatch):
     """The last member moves into the freed slot in place: MLX's memory grows by the moved row's
-    K/V, not by a copy of a layer's whole array (which a write from a slice of itself made)."""
+    K/V, not by a copy of a layer's whole array (which a write from a slice of itself made). Its
+    copy queued (as on a GPU) moves the same K/V; on the CPU it is settled first (kv.settle)."""
+    monkeypatch.setattr(kv, "SETTLE_COPIES", settled)
     mx.random.seed(4)
     batch = DecodeBatch(2, least_slots=1)
     rows, kept, _ = _join_rows(batch, [1500, 1400, 1300, 1200])
@@ -461,8 +465,33 @@ def test_a_row_leaving_moves_the_last_one_without_copying_the_batch():
     rows[1].release()
     mx.eval(batch.kv)
     assert (batch.rows_cap, batch.t_cap) == (4, 1536)  # nothing shrank: the arrays were written, not remade
-    assert mx.get_peak_memory() - before < layer_bytes / 2
+    assert mx.get_peak_memory() - before < layer_bytes / 2 or not settled
     assert rows[3].slot == 1 and all(_same_kv(r, s) for r, s in zip([rows[0], rows[2], rows[3]], [kept[0], kept[2], kept[3]]))
+
+
+def test_a_members_snapshot_leaves_the_next_kv_write_in_place():
+    """A finishing row's snapshot for the prefix cache, then the next step's K/V write into the
+    batch: the write takes no copy of a layer's array (a snapshot left queued made it take one)."""
+    mx.random.seed(5)
+    batch = DecodeBatch(2, least_slots=1)
+    rows = []
+    for n in (1500, 1400, 1300, 1200):
+        row = RowKV(2, batch)
+        for cache in row.layers:
+            cache.update_and_fetch(mx.random.normal((1, 4, n, 16)), mx.random.normal((1, 4, n, 16)))
+        batch.join(row)
+        rows.append(row)
+    mx.eval(batch.kv)
+    layer_bytes = batch.kv[0].nbytes
+    snap = rows[1].snapshot()
+    mx.reset_peak_memory()
+    before = mx.get_active_memory()
+    index = tuple(mx.array(np.asarray(i, np.int32)) for i in ([[[0]], [[4]]], [[[0], [1], [2], [3]]], [[[1500]], [[1500]]]))
+    for li in range(2):
+        batch.write(li, index, mx.ones((2, 4, 1, 16)))
+    mx.eval(batch.kv)
+    assert mx.get_peak_memory() - before < layer_bytes / 4
+    assert snap[0][0].shape == (1, 4, 1400, 16) and mx.array_equal(batch.kv[1][4, :, 1500], mx.ones((4, 16)))
 
 
 def test_where_nothing_compiles_a_batch_holds_as_many_slots_as_rows(tiny_llama):

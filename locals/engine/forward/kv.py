@@ -12,6 +12,8 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from locals.engine.load.backend import detect
+
 # A prefix's KV as stored by the prefix cache: per layer (keys, values), each
 # (1, kv_heads, n_tokens, head_dim).
 LayerKV = tuple[mx.array, mx.array]
@@ -21,6 +23,22 @@ T_STEP = 256  # the decode batch grows its token axis in blocks of this many pos
 # rows' own KV (plus one block each): a long row among short ones decodes on its own caches.
 MAX_PADDING = 2
 ROOM_STEP = 1024  # a prompt's own caches are sized in multiples of this many positions (PromptKV)
+
+# Copies out of a row's K/V are evaluated at once on the CPU. There a copy only queued still held
+# the buffers it read when the next write into them ran, so MLX copied the whole array it wrote
+# (every layer's, in the step after a request ended: docs/benchmarks-log.md, "A row leaving the
+# decode batch"), and nothing overlaps there anyway (the engine reads each step as it queues it).
+# On a GPU they stay queued, so the pass in flight goes on: on CUDA a queued read of the cache
+# did not make the next write copy it (docs/benchmarks-log.md, "Kernels of one engine step").
+SETTLE_COPIES = detect().kind == "cpu"
+
+
+def settle(arrays: list) -> None:
+    """Evaluate `arrays` (copies out of K/V buffers) now where SETTLE_COPIES, else queue them."""
+    if SETTLE_COPIES:
+        mx.eval(arrays)
+    else:
+        mx.async_eval(arrays)
 
 
 class PromptKV(KVCache):
@@ -100,11 +118,12 @@ class RowKV:
     def snapshot(self, n: int | None = None) -> list[LayerKV]:
         """The first `n` tokens (default: all) as per-layer arrays for the prefix cache.
 
-        Copied, so the stored entry does not keep this row's (or the batch's) buffers alive.
+        Copied, so the stored entry does not keep this row's (or the batch's) buffers alive;
+        evaluated at once on the CPU (`settle`).
         """
         n = self.offset if n is None else n
         out = [tuple(mx.contiguous(a) for a in self.layer_kv(li, n)) for li in range(self.n_layers)]
-        mx.async_eval([a for pair in out for a in pair])
+        settle(out)
         return out
 
     @property
@@ -180,13 +199,13 @@ class DecodeBatch:
         if slot != last:
             moved = self.members[last]
             n = moved.length  # includes a token written by a step already queued
-            # The moved row is copied out first, and evaluated: written from a slice of itself (or
-            # from a copy queued with the write), a layer's array cannot take the write in place,
-            # the slice holding its buffer, and MLX copied the whole array, twice a layer
-            # (docs/benchmarks-log.md, "A row leaving the decode batch").
+            # The moved row is copied out first (`settle`): written from a slice of itself, a
+            # layer's array cannot take the write in place (the slice holds its buffer), and MLX
+            # copied the whole array, twice a layer (docs/benchmarks-log.md, "A row leaving the
+            # decode batch").
             parts = [(mx.contiguous(a[last : last + 1, :, :n]), mx.contiguous(a[rc + last : rc + last + 1, :, :n]))
                      for a in self.kv]
-            mx.eval(parts)
+            settle(parts)
             for a, (keys, values) in zip(self.kv, parts):
                 a[slot : slot + 1, :, :n] = keys
                 a[rc + slot : rc + slot + 1, :, :n] = values
