@@ -469,9 +469,11 @@ def test_a_row_leaving_moves_the_last_one_without_copying_the_batch(settled, mon
     assert rows[3].slot == 1 and all(_same_kv(r, s) for r, s in zip([rows[0], rows[2], rows[3]], [kept[0], kept[2], kept[3]]))
 
 
-def test_a_members_snapshot_leaves_the_next_kv_write_in_place():
+def test_a_members_snapshot_leaves_the_next_kv_write_in_place(monkeypatch):
     """A finishing row's snapshot for the prefix cache, then the next step's K/V write into the
-    batch: the write takes no copy of a layer's array (a snapshot left queued made it take one)."""
+    batch: the write takes no copy of a layer's array (on the CPU a snapshot left queued made it
+    take one; settled, as there, it takes none)."""
+    monkeypatch.setattr(kv, "SETTLE_COPIES", True)
     mx.random.seed(5)
     batch = DecodeBatch(2, least_slots=1)
     rows = []
