@@ -18,6 +18,7 @@ import mlx.core as mx
 
 from locals.engine.forward.choices import ForwardChoices
 from locals.engine.forward.forward import CompiledBlocks, RowInput, forward, supports_ragged
+from locals.engine.forward.host_attention import SOFTMAX_ON_HOST
 from locals.engine.forward.rowfeed import RowOf, as_array
 from locals.engine.rows.sampling import RowSampling, Sampled, sample
 from locals.engine.scheduler import Slot
@@ -121,6 +122,9 @@ def _batch_order(slots: list[Slot], drafts: dict) -> list[Slot]:
 # "async_eval" (MLX queuing work), "wait" (for the step's tokens on the device), "process".
 Profile = Callable[[str, float], None]
 
+# The gap clock's phase for building a pass where that runs it (see `StepRunner._forward`).
+RUN_AS_BUILT = "pass run as built"
+
 
 class StepRunner:
     """Launches and processes steps for one model."""
@@ -141,7 +145,8 @@ class StepRunner:
         self.profile: Profile | None = None
         self.on_queue: Callable[..., None] | None = None
         # The engine's gap clock: MLX queuing a pass (allocating, encoding, cuDNN/cuBLAS plans) is
-        # marked "queue", apart from Python building it ("build"), so a long gap says which held it.
+        # marked "queue", apart from Python building it ("build") and, on the CPU, building that runs
+        # the pass (RUN_AS_BUILT), so a long gap says which held it.
         self.gaps = None
 
     def _timed(self, phase: str, fn, *args):
@@ -163,6 +168,18 @@ class StepRunner:
         self._timed("async_eval", mx.async_eval, *arrays)
         if self.gaps is not None:
             self.gaps.mark("queue")
+
+    def _forward(self, rows: list[RowInput]) -> mx.array:
+        """The pass's logits. Where attention's softmax runs on the host (the CPU), building the
+        pass runs most of it (each layer's scores are evaluated), so the gap clock marks that
+        time "pass run as built" rather than "build"."""
+        on_host = self.gaps is not None and SOFTMAX_ON_HOST
+        if on_host:
+            self.gaps.mark("build")
+        logits = self._timed("forward", forward, self.model, rows, self.compiled, self.choices)
+        if on_host:
+            self.gaps.mark(RUN_AS_BUILT)
+        return logits
 
     def _draft(self, seq: Sequence, decoding: int) -> list[int]:
         """Prompt-lookup draft for a row whose tokens are all known, [] when it should not draft."""
@@ -213,7 +230,7 @@ class StepRunner:
             elif not self.ragged:
                 tokens = as_array(tokens)
             rows.append(RowInput(tokens, slot.n + len(draft), seq.kv, slot.sample, len(draft) + 1))
-        logits = self._timed("forward", forward, self.model, rows, self.compiled, self.choices)
+        logits = self._forward(rows)
         sampled_rows = any(s.sample for s in slots)
         queued = queue or not sampled_rows
         if queued:

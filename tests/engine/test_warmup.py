@@ -14,7 +14,8 @@ from locals.engine.load.backend import detect
 from locals.engine.forward.kv import row_capacity, token_capacity
 from locals.engine.settings import EngineConfig
 from locals.engine.stats import SLOW_STEP_S, Counters, StepIntervals
-from locals.engine import stats as stats_mod, warmup
+from locals.engine import stats as stats_mod, step as step_mod, warmup
+from locals.engine.forward.host_attention import SOFTMAX_ON_HOST
 from locals.engine.warmup import step_shapes
 from locals.protocol import GenerationRequest, SamplingParams
 
@@ -139,6 +140,18 @@ def test_the_runner_marks_mlx_queuing_a_pass_apart_from_building_it(engine, tiny
         engine.runner.gaps = engine.counters.gaps
     assert marks.count("queue") >= 4  # the prompt's pass and each token's
     assert all(before == "build" for before, after in zip(marks, marks[1:]) if after == "queue")
+
+
+def test_on_the_cpu_building_a_pass_that_runs_it_is_marked_apart_from_python_building(engine, tiny_llama):
+    marks = []
+    engine.runner.gaps = SimpleNamespace(mark=marks.append)
+    try:
+        run_alone(engine, make_prompts(tiny_llama.tokenizer, [12])[0], max_tokens=4)
+    finally:
+        engine.runner.gaps = engine.counters.gaps
+    passes = marks.count(step_mod.RUN_AS_BUILT)
+    assert passes >= 4 if SOFTMAX_ON_HOST else passes == 0  # the prompt's pass and each token's
+    assert all(before == "build" for before, after in zip(marks, marks[1:]) if after == step_mod.RUN_AS_BUILT)
 
 
 def test_where_every_step_takes_long_only_the_stalls_among_them_are_long_gaps(monkeypatch):
