@@ -24,6 +24,11 @@ LONG_GAP_S = 0.1
 STALL_FACTOR = 2.0
 
 
+def reserved_bytes() -> int:
+    """The memory MLX holds from the device: its live arrays and its buffer cache."""
+    return mx.get_active_memory() + mx.get_cache_memory()
+
+
 class RateMeter:
     """Tokens per second of the steps that ended in the last `window` seconds, each counted
     from when it started (a prompt read in one long step is not N tokens in no time)."""
@@ -97,6 +102,7 @@ class GapClock:
         self.long_gaps = 0
         self._long_phases: dict[str, float] = {}
         self._typical: float | None = None  # moving average of the gaps
+        self._device = [0, 0]  # this gap's queuing: bytes MLX took from the device, and gave back
 
     def mark(self, phase: str) -> None:
         """The time since the last mark was spent in `phase`."""
@@ -104,11 +110,21 @@ class GapClock:
         self._phases[phase] = self._phases.get(phase, 0.0) + now - self._since
         self._since = now
 
+    def queued(self, reserved_before: int) -> None:
+        """MLX queued a pass, marked "queue"; `reserved_before`: `reserved_bytes()` when it began.
+        What the queuing took from the device, or gave back, is added to this gap's: near MLX's
+        limit an allocation that misses its buffer cache frees cached buffers and waits for the
+        device, one cause of a long "queue" that this tells apart from others."""
+        self.mark("queue")
+        change = reserved_bytes() - reserved_before
+        self._device[change < 0] += abs(change)
+
     def read(self, gap_s: float | None, rows: int, prompt_tokens: int) -> None:
         """A step was read (its reading marked as "read"); `gap_s` since the read before, None
         after a wait for work. Starts the next gap's phases."""
         self.mark("read")
         phases, self._phases = self._phases, {}
+        (taken, given), self._device = self._device, [0, 0]
         if gap_s is None:
             return
         typical = gap_s if self._typical is None else self._typical
@@ -120,11 +136,10 @@ class GapClock:
             self._long_phases[phase] = self._long_phases.get(phase, 0.0) + took
         spent = ", ".join(f"{phase} {took * 1e3:.0f}" for phase, took in
                           sorted(phases.items(), key=lambda kv: -kv[1]) if took >= 0.001)
-        # MLX's memory beside it: near MLX's limit an allocation that misses its buffer cache frees
-        # cached buffers first and waits for the device, one cause of a long "queue" among others.
         log.info("long gap: %.0f ms between step reads (ms: %s; the step read: %d rows, %d prompt tokens; "
-                 "MLX memory: %.1f GB active, %.1f GB cached)", gap_s * 1e3, spent, rows, prompt_tokens,
-                 mx.get_active_memory() / 1e9, mx.get_cache_memory() / 1e9)
+                 "MLX memory: %.1f GB active, %.1f GB cached; queuing took %.2f GB from the device, "
+                 "gave back %.2f)", gap_s * 1e3, spent, rows, prompt_tokens, mx.get_active_memory() / 1e9,
+                 mx.get_cache_memory() / 1e9, taken / 1e9, given / 1e9)
 
     def summary(self) -> dict:
         """Long gaps counted and the ms they spent in each phase, the largest first."""

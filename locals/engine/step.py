@@ -22,6 +22,7 @@ from locals.engine.forward.host_attention import SOFTMAX_ON_HOST
 from locals.engine.forward.rowfeed import RowOf, as_array
 from locals.engine.rows.sampling import RowSampling, Sampled, sample
 from locals.engine.scheduler import Slot
+from locals.engine.stats import reserved_bytes
 from locals.engine.rows.sequence import Sequence
 from locals.protocol import TokenLogprob
 
@@ -163,11 +164,13 @@ class StepRunner:
         """Queue `arrays`' graph on the device (mx.async_eval), shown to `on_queue` first."""
         if self.on_queue is not None:
             self.on_queue(*arrays)
-        if self.gaps is not None:
-            self.gaps.mark("build")
+        if self.gaps is None:
+            self._timed("async_eval", mx.async_eval, *arrays)
+            return
+        self.gaps.mark("build")
+        before = reserved_bytes()
         self._timed("async_eval", mx.async_eval, *arrays)
-        if self.gaps is not None:
-            self.gaps.mark("queue")
+        self.gaps.queued(before)
 
     def _forward(self, rows: list[RowInput]) -> mx.array:
         """The pass's logits. Where attention's softmax runs on the host (the CPU), building the

@@ -131,9 +131,37 @@ def test_a_long_gap_between_step_reads_is_counted_and_logged_with_where_the_loop
                                          "queue 2; the step read: 8 rows, 248 prompt tokens; MLX memory: ")
 
 
+def test_a_long_gap_says_what_queuing_its_passes_took_from_the_device_and_gave_back(monkeypatch, caplog):
+    now, reserved = [100.0], [0]
+    monkeypatch.setattr(stats_mod.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(stats_mod, "reserved_bytes", lambda: reserved[0])
+    gaps = stats_mod.GapClock()
+
+    def queue(seconds: float, reserved_after: int) -> None:
+        before = reserved[0]
+        now[0] += seconds
+        reserved[0] = reserved_after
+        gaps.queued(before)
+
+    for _ in range(3):
+        gaps.read(0.02, rows=12, prompt_tokens=0)  # the typical gap: 20 ms
+    reserved[0] = 40 * 10**9
+    queue(0.001, 40 * 10**9)  # from MLX's buffer cache: nothing new
+    queue(0.09, 41_500_000_000)  # a pass that allocated 1.5 GB it did not have cached
+    queue(0.05, 38 * 10**9)  # cached buffers freed to make room
+    with caplog.at_level("INFO", logger="locals.engine.engine"):
+        gaps.read(0.141, rows=12, prompt_tokens=245)
+        queue(0.001, 39 * 10**9)
+        now[0] += 0.2
+        gaps.read(0.201, rows=12, prompt_tokens=0)  # the next gap counts only its own queuing
+    assert gaps.summary()["ms_by_phase"] == {"queue": 142.0, "read": 200.0}
+    assert caplog.messages[0].endswith("queuing took 1.50 GB from the device, gave back 3.50)")
+    assert caplog.messages[1].endswith("queuing took 1.00 GB from the device, gave back 0.00)")
+
+
 def test_the_runner_marks_mlx_queuing_a_pass_apart_from_building_it(engine, tiny_llama):
     marks = []
-    engine.runner.gaps = SimpleNamespace(mark=marks.append)
+    engine.runner.gaps = SimpleNamespace(mark=marks.append, queued=lambda before: marks.append("queue"))
     try:
         run_alone(engine, make_prompts(tiny_llama.tokenizer, [12])[0], max_tokens=4)
     finally:
@@ -144,7 +172,7 @@ def test_the_runner_marks_mlx_queuing_a_pass_apart_from_building_it(engine, tiny
 
 def test_on_the_cpu_building_a_pass_that_runs_it_is_marked_apart_from_python_building(engine, tiny_llama):
     marks = []
-    engine.runner.gaps = SimpleNamespace(mark=marks.append)
+    engine.runner.gaps = SimpleNamespace(mark=marks.append, queued=lambda before: marks.append("queue"))
     try:
         run_alone(engine, make_prompts(tiny_llama.tokenizer, [12])[0], max_tokens=4)
     finally:
