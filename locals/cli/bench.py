@@ -36,11 +36,12 @@ def _check_quiet(force: bool) -> float:
 
 
 def _report_path(out: Path | None) -> Path:
-    """Where the JSON report goes: `out`, a new file inside `out` when it is a folder, or the state folder."""
+    """Where the JSON report goes: `out`, a new file inside `out` when it is a folder or has no
+    suffix (a folder to create: the shell's trailing slash does not reach us), or the state folder."""
     from locals.config import state_dir
 
     name = f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path = (out / name if out.is_dir() else out) if out else state_dir() / "bench" / name
+    path = (out / name if out.is_dir() or not out.suffix else out) if out else state_dir() / "bench" / name
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -68,7 +69,7 @@ def bench(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to measure (default: this machine's)."),
     rounds: int = typer.Option(3, "--rounds", "-r", min=1, help="Rounds (servers interleaved; medians over rounds)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o",
-                                       help="Where to write the JSON report (a file or a folder)."),
+                                       help="Where to write the JSON report: a .json file, or a folder (made if new)."),
     force: bool = typer.Option(False, "--force", help="Measure even when other processes keep the CPU busy."),
     agents: str = typer.Option("1,4,8", "--agents", "-a", rich_help_panel=TRAFFIC,
                                help="Agent counts, comma-separated; one phase each, on each server."),

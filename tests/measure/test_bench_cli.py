@@ -116,6 +116,8 @@ def test_bench_out_may_be_a_folder_and_a_bad_one_fails_before_measuring(tmp_path
     assert inside.parent == tmp_path and inside.name.startswith("bench-") and inside.suffix == ".json"
     assert _report_path(tmp_path / "new" / "r.json") == tmp_path / "new" / "r.json"
     assert (tmp_path / "new").is_dir()
+    fresh = _report_path(tmp_path / "results")  # `--out results/`: the slash is gone by the time it arrives
+    assert fresh.parent == tmp_path / "results" and (tmp_path / "results").is_dir()
     assert _report_path(None).parent == locals_home / "state" / "bench"
     (tmp_path / "file").write_text("x")
     with pytest.raises(LocalsError, match="--out"):
