@@ -159,24 +159,25 @@ def test_a_long_gap_says_what_queuing_its_passes_took_from_the_device_and_gave_b
     assert caplog.messages[1].endswith("queuing took 1.00 GB from the device, gave back 0.00)")
 
 
-def test_the_runner_marks_mlx_queuing_a_pass_apart_from_building_it(engine, tiny_llama):
+def _gap_marks_of_one_request(engine, tiny_llama) -> list[str]:
+    """The phases the runner marks on the gap clock while one short request runs alone."""
     marks = []
     engine.runner.gaps = SimpleNamespace(mark=marks.append, queued=lambda before: marks.append("queue"))
     try:
         run_alone(engine, make_prompts(tiny_llama.tokenizer, [12])[0], max_tokens=4)
     finally:
         engine.runner.gaps = engine.counters.gaps
+    return marks
+
+
+def test_the_runner_marks_mlx_queuing_a_pass_apart_from_building_it(engine, tiny_llama):
+    marks = _gap_marks_of_one_request(engine, tiny_llama)
     assert marks.count("queue") >= 4  # the prompt's pass and each token's
     assert all(before == "build" for before, after in zip(marks, marks[1:]) if after == "queue")
 
 
 def test_on_the_cpu_building_a_pass_that_runs_it_is_marked_apart_from_python_building(engine, tiny_llama):
-    marks = []
-    engine.runner.gaps = SimpleNamespace(mark=marks.append, queued=lambda before: marks.append("queue"))
-    try:
-        run_alone(engine, make_prompts(tiny_llama.tokenizer, [12])[0], max_tokens=4)
-    finally:
-        engine.runner.gaps = engine.counters.gaps
+    marks = _gap_marks_of_one_request(engine, tiny_llama)
     passes = marks.count(step_mod.RUN_AS_BUILT)
     assert passes >= 4 if SOFTMAX_ON_HOST else passes == 0  # the prompt's pass and each token's
     assert all(before == "build" for before, after in zip(marks, marks[1:]) if after == step_mod.RUN_AS_BUILT)
