@@ -158,12 +158,12 @@ def _kernels(f: Result) -> str:
 
 
 def served_traffic(results: list[Result], prefix: str | None = None) -> Section:
-    """Each device's newest report of each agent count, as tables; with `prefix` (the paper's
+    """Each machine's newest report of each agent count, as tables; with `prefix` (the paper's
     figure folder) also a figure of the burst rates."""
     sec = Section("served_traffic")
     bursts: dict[str, dict[str, dict[str, float]]] = {}
     for device in DEVICES:
-        files = newest_per_agent_count(_shown(_comparisons(of(results, "serve_traffic", device))))
+        files = newest_per_machine(_shown(_comparisons(of(results, "serve_traffic", device))))
         if not files:
             sec.parts.append(f"*{DEVICE_LABEL[device]}: not measured yet* (no served-traffic report in "
                              f"`benchmarks/results/` when this was generated; `{HOW[device]}` writes one).")
@@ -186,6 +186,13 @@ def served_traffic(results: list[Result], prefix: str | None = None) -> Section:
                                 "aggregate output tok/s while every agent generates at once, median over rounds, "
                                 "by agent count. " + source_line(sec.files)))
     return sec
+
+
+def newest_per_machine(files: list[Result]) -> list[Result]:
+    """`newest_per_agent_count` on each machine (an H100's run does not hide an H200's), the machine
+    measured last first."""
+    machines = dict.fromkeys(f.label for f in reversed(files))
+    return [f for m in machines for f in newest_per_agent_count([g for g in files if g.label == m])]
 
 
 def newest_per_agent_count(files: list[Result]) -> list[Result]:

@@ -253,6 +253,19 @@ def test_each_agent_count_shows_its_newest_report():
     assert newest_per_agent_count([]) == []
 
 
+def test_a_run_on_one_gpu_does_not_hide_another_gpus_runs():
+    from paper.results import Result
+    from paper.sections_served import newest_per_machine
+
+    def report(day: int, agents: list[int], gpu: str) -> Result:
+        return Result(Path(f"serve_traffic-gpu-202601{day:02d}-000000.json"),
+                      {"model": "qwen3-4b", "agents": agents, "device_name": f"NVIDIA {gpu}"})
+
+    h200_eight, h200_sixteen, h100_eight = report(1, [8], "H200"), report(2, [1, 16], "H200"), report(3, [8], "H100")
+    assert newest_per_machine([h200_eight, h200_sixteen, h100_eight]) == [h100_eight, h200_sixteen, h200_eight]
+    assert newest_per_machine([]) == []
+
+
 def test_a_report_whose_peer_died_mid_phase_is_no_headline():
     from paper.results import Result
     from paper.sections_served import newest_served
