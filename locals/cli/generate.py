@@ -20,12 +20,17 @@ from locals.protocol import FinishEvent, GenerationRequest, SamplingParams, Toke
 
 
 def _read_schema(path: Path) -> dict:
+    """The schema file's object ({} allows any JSON value); anything else says how to fix it."""
     try:
-        return json.loads(path.read_text())
+        schema = json.loads(path.read_text())
     except OSError as exc:
         raise LocalsError(f"{path}: cannot read the schema ({exc.strerror})") from None
     except ValueError as exc:
         raise LocalsError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(schema, dict):
+        raise LocalsError(f"{path}: a JSON schema is an object, not {json.dumps(schema)[:40]}; "
+                          'write {} to allow any JSON value, or e.g. {"type": "object"}')
+    return schema
 
 
 def _stream(engine, request: GenerationRequest, out=sys.stdout) -> tuple[FinishEvent, float]:
@@ -94,7 +99,7 @@ def generate(
     tokens = encode_prompt(loaded, render_prompt(loaded, messages))
     try:
         constraint = (build_constraint(loaded, json_schema=json_schema, max_tokens=max_tokens, strict_schema=True)
-                      if json_schema else None)
+                      if json_schema is not None else None)
     except RequestError as exc:  # the API's field names, as this command spells them
         raise LocalsError(_cli_names(str(exc))) from None
     request = GenerationRequest(

@@ -343,10 +343,7 @@ class Backend:
                 calls.append(out)
             else:
                 done = out
-        reply = "".join(text)
-        if calls and not reply.strip():
-            reply = ""  # the newline a model writes before its call is not a reply of its own
-        return Completion(reply, calls, logprobs, done)
+        return Completion("".join(text), calls, logprobs, done)
 
 
 # Finish reasons of locals' own that each API reports as its plain stop, plus this detail.

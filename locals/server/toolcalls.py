@@ -79,10 +79,46 @@ class ToolCallSplitter:
         self._buf = ""
         self._in_call = False
         self._emitted = ""  # text given out so far (start-only formats look back at it)
+        self._space = ""  # trailing whitespace held back (_settle)
+        self._after_call = False  # the last piece given out was a call
 
     def feed(self, text: str) -> list[str | ToolCall]:
         if self.fmt is None:
             return [text] if text else []
+        return self._settle(self._split(text), final=False)
+
+    def finish(self) -> list[str | ToolCall]:
+        """Flush at the end of generation: a call left open (no end marker) is parsed as is."""
+        rest, self._buf = self._buf, ""
+        if self._in_call and rest:
+            self._in_call = False
+            return self._settle(self._parse(rest), final=True)
+        return self._settle([rest] if rest else [], final=True)
+
+    def _settle(self, pieces: list[str | ToolCall], final: bool) -> list[str | ToolCall]:
+        """Text's trailing whitespace is held until text follows (given out with it) or a call
+        does (dropped): the spaces and newlines a model writes around its calls are not a reply
+        of their own, streamed or not, however the text was cut into pieces. Whitespace that
+        ends a reply after its last text is kept."""
+        out: list[str | ToolCall] = []
+        for piece in pieces:
+            if isinstance(piece, ToolCall):
+                out.append(piece)
+                self._space, self._after_call = "", True
+                continue
+            text = self._space + piece
+            body = text.rstrip()
+            self._space = text[len(body):]
+            if body:
+                out.append(body)
+                self._after_call = False
+        if final:
+            if self._space and not self._after_call:
+                out.append(self._space)
+            self._space = ""
+        return out
+
+    def _split(self, text: str) -> list[str | ToolCall]:
         self._buf += text
         out: list[str | ToolCall] = []
         while True:
@@ -138,16 +174,6 @@ class ToolCallSplitter:
         # Nothing parses before any marker: wait for more text, unless the model is not
         # writing a call at all (then the first marker ends it, as before).
         return -1 if first >= 0 and _looks_open(self._buf[:first]) else first
-
-    def finish(self) -> list[str | ToolCall]:
-        """Flush at the end of generation: a call left open (no end marker) is parsed as is."""
-        rest, self._buf = self._buf, ""
-        if not rest:
-            return []
-        if self._in_call:
-            self._in_call = False
-            return self._parse(rest)
-        return [rest]
 
     def _parse(self, body: str) -> list[str | ToolCall]:
         try:

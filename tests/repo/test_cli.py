@@ -45,6 +45,20 @@ def test_bad_schema_file_is_one_clear_line(tmp_path):
     schema.write_text("{not json")
     proc = run_cli("generate", "--model", "smollm2", "--prompt", "hi", "--schema", str(schema))
     _one_clear_line(proc, "not valid JSON")
+    schema.write_text("false")  # valid JSON, but no schema: refused, not ignored
+    proc = run_cli("generate", "--model", "smollm2", "--prompt", "hi", "--schema", str(schema))
+    _one_clear_line(proc, "a JSON schema is an object")
+
+
+def test_an_empty_schema_still_constrains_the_answer_to_json(tmp_path):
+    import json
+
+    schema = tmp_path / "any.json"
+    schema.write_text("{}")  # any JSON value: the answer must still parse
+    proc = run_cli("generate", "--model", "smollm2", "--prompt", "Ana Silva, 29, ana@example.com",
+                   "--schema", str(schema), "--max-tokens", "24", "-t", "0")
+    assert proc.returncode == 0, proc.stderr
+    json.loads(proc.stdout)
 
 
 def test_out_of_range_sampling_options_are_one_clear_line():

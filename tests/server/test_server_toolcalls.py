@@ -24,7 +24,7 @@ def test_marker_split_across_pieces_is_held_back():
     splitter = ToolCallSplitter(hermes())
     pieces = ["Sure. <to", "ol_c", 'all>{"name": "f", "argu', 'ments": {"x": 1}}</tool', "_call> done"]
     out = feed_all(splitter, pieces)
-    assert "".join(p for p in out if isinstance(p, str)) == "Sure.  done"
+    assert "".join(p for p in out if isinstance(p, str)) == "Sure. done"
     (call,) = [p for p in out if isinstance(p, ToolCall)]
     assert (call.name, call.arguments) == ("f", {"x": 1}) and call.id.startswith("call_")
     assert not any("<" in p for p in out if isinstance(p, str))
@@ -62,7 +62,7 @@ def test_end_marker_inside_an_argument_does_not_end_the_call():
         out = feed_all(ToolCallSplitter(hermes()), ["ok ", call[:cut], call[cut:], " bye"])
         calls = [p for p in out if isinstance(p, ToolCall)]
         assert len(calls) == 1 and calls[0].arguments == {"path": "t.py", "content": content}, (cut, out)
-        assert "".join(p for p in out if isinstance(p, str)) == "ok  bye"
+        assert "".join(p for p in out if isinstance(p, str)) == "ok bye"
 
 
 def test_xml_call_with_the_marker_in_a_parameter_stays_whole():
@@ -89,3 +89,18 @@ def test_llama3_call_only_at_the_reply_start_or_after_the_python_tag():
     assert out and all(isinstance(p, str) for p in out) and "".join(out) == "".join(prose)
     out = feed_all(ToolCallSplitter(llama3()), ['Sure.<|python_tag|>{"name": "g", "parameters": {}}'])
     assert out[0] == "Sure.<|python_tag|>" and isinstance(out[1], ToolCall) and out[1].name == "g"
+
+
+def test_whitespace_around_calls_is_no_reply_but_leading_text_keeps_it():
+    call = '<tool_call>{"name": "f", "arguments": {"x": %d}}</tool_call>'
+    # Parallel calls with the model's newlines around them, streamed token by token: only calls.
+    pieces = [call % 1, "\n", "\n", call % 2, "\n"]
+    out = feed_all(ToolCallSplitter(hermes()), pieces)
+    assert [p.arguments["x"] for p in out if isinstance(p, ToolCall)] == [1, 2]
+    assert [p for p in out if isinstance(p, str)] == []
+    # Whitespace before text is part of the text; a reply with no call keeps its trailing newline.
+    assert "".join(feed_all(ToolCallSplitter(hermes()), ["\n", "\nHello", "\n"])) == "\n\nHello\n"
+    for pieces in (["Sure.", "\n", call % 3], ["Sure.\n" + call % 3]):  # however the text was cut
+        out = feed_all(ToolCallSplitter(hermes()), pieces)
+        assert out[0] == "Sure." and isinstance(out[1], ToolCall) and len(out) == 2
+    assert "".join(feed_all(ToolCallSplitter(hermes()), ["a ", "b", " c\n"])) == "a b c\n"
