@@ -29,6 +29,7 @@ class Setting(Generic[T]):
     meaning: str
     shown_default: str = ""  # how the docs table states the default, when not the value itself
     internal: bool = False  # set by locals for a process of its own; not a user's setting, not passed on
+    minimum: float | None = None  # the smallest value that means anything (a number below it is refused)
 
     def get(self) -> T | None:
         """The value now: the environment's, parsed as `kind`, else the default.
@@ -38,12 +39,15 @@ class Setting(Generic[T]):
             return self.default
         if self.kind is bool:
             return parse_bool(self.name, raw)  # type: ignore[return-value]
-        try:
-            return self.kind(raw)
-        except ValueError:
-            from locals.errors import LocalsError
+        from locals.errors import LocalsError
 
+        try:
+            value = self.kind(raw)
+        except ValueError:
             raise LocalsError(f"{self.name}={raw!r}: expected a {self.kind.__name__}; unset it or fix it") from None
+        if self.minimum is not None and not value >= self.minimum:  # NaN too
+            raise LocalsError(f"{self.name}={raw!r}: must be at least {self.minimum:g}; unset it or raise it")
+        return value
 
 
 def parse_bool(name: str, raw: str) -> bool:
@@ -62,23 +66,25 @@ HOME = Setting("LOCALS_HOME", str, None, "put all of locals' folders (state, cac
                "unset")
 KV_BUDGET_MB = Setting("LOCALS_KV_BUDGET_MB", float, None,
                        "KV memory the engine may reserve for requests (the memory guard)",
-                       "half of available memory at start (on CUDA, of the GPU's, after the weights and their copies)")
+                       "half of available memory at start (on CUDA, of the GPU's, after the weights and their copies)",
+                       minimum=1)
 PREFIX_CACHE_MB = Setting("LOCALS_PREFIX_CACHE_MB", float, None,
                           "memory the prompt cache may keep between requests; `0` turns the prompt cache off",
-                          "a quarter of available memory at start (measured as for the KV budget; ≥ 256)")
-MAX_BATCH = Setting("LOCALS_MAX_BATCH", int, 64, "most replies written at once; more wait")
+                          "a quarter of available memory at start (measured as for the KV budget; ≥ 256)", minimum=0)
+MAX_BATCH = Setting("LOCALS_MAX_BATCH", int, 64, "most replies written at once; more wait", minimum=1)
 SPECULATE = Setting("LOCALS_SPECULATE", bool, True, "`0` (or `off`, `false`, `no`) turns off drafting from the context",
                     "on")
 KERNELS = Setting("LOCALS_KERNELS", bool, True,
                   "`0` (or `off`, `false`, `no`) keeps MLX's own ops: no tuned or fused kernels, no tuning while idle",
                   "on")
 CONSTRAINT_TIMEOUT = Setting("LOCALS_CONSTRAINT_TIMEOUT", float, 20.0,
-                             "seconds a tool or JSON schema may take to compile before the request is refused", "`20`")
+                             "seconds a tool or JSON schema may take to compile before the request is refused", "`20`",
+                             minimum=0.1)
 API_KEY = Setting("LOCALS_API_KEY", str, None, "the key `locals serve --api-key` requires, when the flag is not given",
                   "unset")
 MAX_TOKENS = Setting("LOCALS_MAX_TOKENS", int, None,
                      "the cap on every reply `locals serve --max-tokens` sets, when the flag is not given "
-                     "(`locals start` passes it on)", "unset")
+                     "(`locals start` passes it on)", "unset", minimum=1)
 OVERFLOW = Setting("LOCALS_OVERFLOW", str, "refuse",
                    "what a conversation longer than the model's context gets: `refuse` (a 400) or `trim` (the oldest "
                    "tool results dropped); `locals serve --overflow` and `locals start --overflow` set it", "`refuse`")

@@ -66,7 +66,7 @@ def serve(
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Accept requests from other machines."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar=settings.API_KEY.name,
                                           help="Require this key (Bearer or x-api-key)."),
-    max_body_mb: int = typer.Option(32, "--max-body-mb", help="Largest request body accepted."),
+    max_body_mb: int = typer.Option(32, "--max-body-mb", min=1, help="Largest request body accepted, in MB."),
     max_tokens: Optional[int] = typer.Option(
         None, "--max-tokens", envvar=settings.MAX_TOKENS.name, min=1,
         help="Longest reply any request gets, whatever it asks (clients such as Codex send no limit)."),

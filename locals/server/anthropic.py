@@ -28,12 +28,14 @@ _SKIPPED_BLOCKS = {"thinking", "redacted_thinking", "server_tool_use", "web_sear
 
 
 def _blocks(content: Any, where: str) -> list[dict]:
+    """A message's content (or the top-level `system`) as a list of blocks."""
+    field = "`system`" if where == "system" else f"{where}.content"
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
-        raise RequestError(f"{where}.content must be a string or an array of content blocks")
+        raise RequestError(f"{field} must be a string or an array of content blocks")
     if not all(isinstance(b, dict) for b in content):
-        raise RequestError(f"{where}.content blocks must be objects")
+        raise RequestError(f"{field} blocks must be objects")
     return content
 
 

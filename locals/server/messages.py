@@ -38,7 +38,9 @@ def text_of(content: Any, where: str) -> str:
             texts.append(value)
         elif kind in ("image_url", "input_image", "image", "input_audio", "file", "input_file"):
             raise RequestError(f"{where}: this model reads text only; remove the {kind} part")
-        # Other part kinds (cache hints, reasoning summaries) carry no prompt text.
+        elif "text" in part:  # text the model would never read: say so rather than drop it
+            raise RequestError(f"{where}: unknown content part type {kind!r}; text goes in a \"text\" part")
+        # Other part kinds without text (cache hints, reasoning summaries) carry no prompt text.
     return "".join(texts)
 
 
@@ -79,6 +81,8 @@ def openai_messages(messages: Any) -> list[dict]:
             role = "system"
         if role not in ("system", "user", "assistant", "tool"):
             raise RequestError(f"{where}.role must be system, developer, user, assistant or tool")
+        if role in ("system", "user") and msg.get("content") is None:
+            raise RequestError(f"{where}.content is required for a {msg.get('role')} message")
         item = {"role": role, "content": text_of(msg.get("content"), where)}
         if role == "assistant" and msg.get("tool_calls"):
             calls = msg["tool_calls"]

@@ -31,6 +31,7 @@ def sampling_of(body: dict, legacy_logprobs: bool = False) -> SamplingParams:
     key, max_tokens = next(((k, v) for k, v in given if v is not None), ("max_tokens", DEFAULT_MAX_TOKENS))
     if max_tokens < 1:  # 0 is a value, not "absent"
         raise RequestError(f"`{key}` must be at least 1")
+    logprobs_key = "logprobs" if legacy_logprobs else "top_logprobs"
     if legacy_logprobs:
         top_logprobs = get(body, "logprobs", int, None)
         wants_logprobs = top_logprobs is not None
@@ -39,15 +40,29 @@ def sampling_of(body: dict, legacy_logprobs: bool = False) -> SamplingParams:
         top_logprobs = get(body, "top_logprobs", int, 0)
         wants_logprobs = bool(get(body, "logprobs", bool, False)) or top_logprobs > 0
     if not 0 <= top_logprobs <= 20:
-        raise RequestError("`top_logprobs` must be between 0 and 20")
+        raise RequestError(f"`{logprobs_key}` must be between 0 and 20")
     n = get(body, "n", int, 1)
     if n != 1:
         raise RequestError("`n` must be 1: one choice per request (send several requests instead)")
+    refuse_unsupported_sampling(body)
     return SamplingParams(
         temperature=get(body, "temperature", float, 1.0), top_p=get(body, "top_p", float, 1.0),
         top_k=get(body, "top_k", int, 0), min_p=get(body, "min_p", float, 0.0),
         seed=get(body, "seed", int), max_tokens=max_tokens, stop=stop_list(body.get("stop")),
         logprobs=wants_logprobs, top_logprobs=top_logprobs)
+
+
+def refuse_unsupported_sampling(body: dict) -> None:
+    """A 400 for sampling fields that would change the reply but that locals does not apply (a
+    well-typed neutral value passes: clients send `presence_penalty: 0` by default)."""
+    for key in ("presence_penalty", "frequency_penalty"):
+        penalty = get(body, key, float, 0.0)
+        if not -2.0 <= penalty <= 2.0:
+            raise RequestError(f"`{key}` must be between -2 and 2")
+        if penalty:
+            raise RequestError(f"`{key}` is not supported: locals samples without penalties; leave it out or send 0")
+    if get(body, "logit_bias", dict, {}):
+        raise RequestError("`logit_bias` is not supported: leave it out (a JSON schema or tools constrain a reply)")
 
 
 def usage_json(usage: Usage) -> dict:
@@ -156,6 +171,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise RequestError("`prompt` must be a string (one prompt per request)")
+    if get(body, "echo", bool, False):
+        raise RequestError("`echo` is not supported: the reply is the completion alone; prepend the prompt yourself")
+    if get(body, "suffix", str, ""):
+        raise RequestError("`suffix` is not supported: locals completes a prompt's end, not a gap in it")
+    if get(body, "best_of", int, 1) != 1:
+        raise RequestError("`best_of` must be 1: one completion per request (send several requests instead)")
     sampling = sampling_of(body, legacy_logprobs=True)
     chat = chat_of(request, body, "openai", prompt=prompt, sampling=sampling)
     meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),

@@ -1,6 +1,6 @@
 """OpenAI Responses API (`POST /v1/responses`), the only API Codex speaks: input items in,
-output items out, streamed as `response.*` events. Stateless: `store` and
-`previous_response_id` are not kept (Codex sends the whole conversation each turn).
+output items out, streamed as `response.*` events. Stateless: `store` is not kept, and a
+`previous_response_id` is refused (Codex sends the whole conversation each turn).
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ def _output_text(item: Any) -> str:
 
 def input_messages(body: dict) -> list[dict]:
     """`instructions` + `input` (a string or a list of items) as template messages."""
+    if get(body, "previous_response_id", str):
+        raise RequestError("`previous_response_id` is not supported: locals keeps no responses; send the whole "
+                           "conversation in `input`")
     messages: list[dict] = []
     instructions = get(body, "instructions", str)
     if instructions:

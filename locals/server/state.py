@@ -44,5 +44,5 @@ def backend_of(request: web.Request) -> Backend:
     state = state_of(request)
     if state.backend is None:
         raise NotReady(state.load_error and f"the model failed to load: {state.load_error}"
-                       or f"the model {state.model} is still loading; retry in a few seconds")
+                       or f"{state.model} is still loading; retry in a few seconds")
     return state.backend

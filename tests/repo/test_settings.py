@@ -53,6 +53,13 @@ def test_values_parse_by_type_and_bad_ones_name_the_variable(monkeypatch):
     monkeypatch.setenv("LOCALS_KERNELS", "maybe")
     with pytest.raises(LocalsError, match="LOCALS_KERNELS"):
         settings.KERNELS.get()
+    # A number that parses but means nothing is refused too, not left to hang every request.
+    for name, value in (("LOCALS_MAX_BATCH", "0"), ("LOCALS_KV_BUDGET_MB", "-5"), ("LOCALS_KV_BUDGET_MB", "nan")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(LocalsError, match=f"{name}='{value}': must be at least"):
+            next(s for s in settings.ALL if s.name == name).get()
+    monkeypatch.setenv("LOCALS_PREFIX_CACHE_MB", "0")  # off: a meaning of its own
+    assert settings.PREFIX_CACHE_MB.get() == 0
 
 
 def test_a_background_server_gets_every_setting_that_is_set(monkeypatch):

@@ -126,6 +126,7 @@ async def test_count_tokens(client):
      "blocks must be objects"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
         {"type": "image", "source": {}}]}]}]}, "text only"),
+    ({"messages": [{"role": "user", "content": "x"}], "system": 5}, "`system` must be"),
 ])
 async def test_errors_use_the_anthropic_shape(client, body, needle):
     resp = await client.post("/v1/messages", json=body)

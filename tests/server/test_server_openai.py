@@ -195,6 +195,14 @@ async def test_models_lists_the_loaded_model(client):
     ({"messages": [{"role": "user", "content": "x"}], "temperature": -1, "stream": True}, "`temperature`"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {}}]}, "name"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "text only"),
+    ({"messages": [{"role": "user", "content": [{"type": "weird", "text": "x"}]}]}, "'weird'"),
+    ({"messages": [{"role": "user"}]}, "content is required"),
+    # Fields that would change the reply but are not applied: refused, not ignored; zeros pass (below).
+    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": "x"}, "`presence_penalty`"),
+    ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 5}, "between -2 and 2"),
+    ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 0.5}, "not supported"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"50256": -100}}, "`logit_bias`"),
+    ({"messages": [{"role": "user", "content": "x"}], "logit_bias": "x"}, "`logit_bias`"),
 ])
 async def test_bad_requests_get_openai_error_bodies(client, body, needle):
     resp = await client.post("/v1/chat/completions", json=body)
@@ -228,3 +236,19 @@ async def test_a_request_that_can_never_fit_is_a_413(client, engine):
 async def test_prompt_longer_than_the_context_is_a_400(client):
     resp = await chat(client, messages=[{"role": "user", "content": "x" * 9000}])
     assert resp.status == 400 and "context" in (await resp.json())["error"]["message"]
+
+
+async def test_neutral_sampling_fields_pass(client, engine):
+    engine.replies = ["ok"]
+    body = {"messages": [{"role": "user", "content": "x"}], "presence_penalty": 0, "frequency_penalty": 0.0,
+            "logit_bias": {}}
+    assert (await client.post("/v1/chat/completions", json=body)).status == 200
+
+
+@pytest.mark.parametrize("field, needle", [
+    ({"echo": True}, "`echo`"), ({"suffix": "}"}, "`suffix`"), ({"best_of": 3}, "`best_of`"),
+    ({"logprobs": -3}, "`logprobs` must be between"),
+])
+async def test_completions_refuse_what_they_would_not_do(client, field, needle):
+    resp = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 4, **field})
+    assert resp.status == 400 and needle in (await resp.json())["error"]["message"]

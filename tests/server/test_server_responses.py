@@ -107,3 +107,5 @@ async def test_text_format_json_schema(client, engine, constraints):
 async def test_bad_input_is_a_400_before_streaming(client):
     resp = await client.post("/v1/responses", json={"input": 5, "stream": True})
     assert resp.status == 400 and "`input`" in (await resp.json())["error"]["message"]
+    resp = await client.post("/v1/responses", json={"input": "hi", "previous_response_id": "resp_1"})
+    assert resp.status == 400 and "whole conversation" in (await resp.json())["error"]["message"]
