@@ -15,6 +15,7 @@ import os
 import plistlib
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -137,6 +138,15 @@ def health(port: int | None = None, host: str | None = None, timeout: float = 2.
 
 def is_running(port: int | None = None) -> bool:
     return health(port) is not None
+
+
+def port_answers(port: int, host: str = DEFAULT_HOST) -> bool:
+    """Whether any program (locals or another) accepts connections on `port`."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
 
 
 def status(port: int | None = None) -> dict | None:

@@ -129,6 +129,9 @@ def status(
         typer.echo(daemon.log_tail(port, lines))
         return
     snap = daemon.status(port)
+    if snap is None and daemon.port_answers(port):
+        raise LocalsError(f"port {port} is held by another program, not locals; start locals on another port "
+                          "(`locals start --port N`) or stop that program")
     if snap is None:
         raise LocalsError(f"locals is not running on port {port}; run `locals start`")
     table = Table(show_header=False, box=None)

@@ -67,6 +67,22 @@ def test_status_ignores_another_programs_json():
         server.shutdown()
 
 
+def test_status_names_another_program_on_the_port():
+    from typer.testing import CliRunner
+
+    from locals.cli import app
+
+    server = _fake_server(lambda path: (404, {"detail": "Not Found"}))
+    try:
+        result = CliRunner().invoke(app, ["status", "--port", str(server.server_port)])
+        assert isinstance(result.exception, LocalsError) and "held by another program" in str(result.exception)
+    finally:
+        server.shutdown()
+        server.server_close()
+    result = CliRunner().invoke(app, ["status", "--port", str(server.server_port)])  # nothing there now
+    assert isinstance(result.exception, LocalsError) and "run `locals start`" in str(result.exception)
+
+
 def test_our_server_is_recognised_by_its_command_and_port():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "locals", "serve",
                              "--port", "18601"])
