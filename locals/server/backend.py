@@ -22,8 +22,9 @@ from locals.protocol import (EngineStats, Event, FinishEvent, FinishReason, Gene
 from locals.server import overflow
 from locals.server.activity import STEERED, Activity, RequestRecord
 from locals.server.callers import Caller, caller_of, conversation_key, title_of
-from locals.server.reply_tokens import ReplyTokens, assistant_texts
+from locals.server.reply_tokens import ReplyTokens
 from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
+from locals.server.typed_controls import TypedControls, encode_spans
 
 if TYPE_CHECKING:
     from locals.engine import LoadedModel
@@ -142,6 +143,7 @@ class Backend:
         self.max_tokens = max_tokens  # the server's cap on any reply (`serve --max-tokens`), None: none
         self.overflow = overflow_policy  # what a conversation past the context gets (`serve --overflow`)
         self._replies = ReplyTokens()  # recent replies' own tokens, for the turns that send them back
+        self._controls = TypedControls(loaded.tokenizer)
 
     @property
     def name(self) -> str:
@@ -159,9 +161,19 @@ class Backend:
         return self.engine.stats()
 
     def encode_text(self, text: str, messages: list[dict] | None = None) -> list[int]:
-        """A rendered prompt's tokens, the replies among `messages` it holds in their own tokens (reply_tokens.py)."""
-        return self._replies.encode(text, assistant_texts(messages or []),
-                                    lambda part: list(self.loaded.tokenizer.encode(part, add_special_tokens=False)))
+        """A rendered prompt's tokens: the replies among `messages` it holds in their own tokens
+        (reply_tokens.py), the control tokens the other messages spell read as text (typed_controls.py)."""
+        spans = []
+        for message in messages or []:
+            if message.get("role") == "assistant":
+                reply = message.get("content")
+                own = self._replies.tokens(reply) if isinstance(reply, str) and reply else None
+                span = (reply, own) if own else None
+            else:
+                span = self._controls.span(message)
+            if span:
+                spans.append(span)
+        return encode_spans(text, spans, lambda part: list(self.loaded.tokenizer.encode(part, add_special_tokens=False)))
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None,
                     continue_final: bool = False) -> list[int]:

@@ -17,6 +17,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
+from locals.server.typed_controls import encode_spans
+
 KEEP = 512  # replies remembered (a team of agents' last few turns each), least recently used out
 MIN_CHARS = 16  # shorter replies are cheap to read again and too likely to occur elsewhere
 
@@ -46,27 +48,10 @@ class ReplyTokens:
             while len(self._by_text) > self.keep:
                 self._by_text.popitem(last=False)
 
-    def encode(self, text: str, replies: list[str], encode: Callable[[str], list[int]]) -> list[int]:
-        """`text` tokenized, each remembered reply among `replies` (the conversation's assistant
-        messages, in order) that the text holds, from where the last one ended, spelled with its
-        own tokens; the rest by `encode`."""
-        tokens: list[int] = []
-        start = 0
-        for reply in replies:
-            with self._lock:
-                own = self._by_text.get(reply)
-                if own:
-                    self._by_text.move_to_end(reply)
-            at = text.find(reply, start) if own else -1
-            if at < 0:
-                continue
-            tokens += encode(text[start:at]) if at > start else []
-            tokens += own
-            start = at + len(reply)
-        return tokens + encode(text[start:]) if start < len(text) else tokens
-
-
-def assistant_texts(messages: list[dict]) -> list[str]:
-    """The text of each assistant message that is plain text, in order."""
-    return [m["content"] for m in messages
-            if m.get("role") == "assistant" and isinstance(m.get("content"), str) and m["content"]]
+    def tokens(self, reply: str) -> tuple[int, ...] | None:
+        """The tokens remembered for `reply`'s text, None when none are."""
+        with self._lock:
+            own = self._by_text.get(reply)
+            if own:
+                self._by_text.move_to_end(reply)
+        return own

@@ -10,7 +10,8 @@ from locals.engine.engine import Engine
 from locals.engine.load.templates import cache_points, render_prompt
 from locals.engine.settings import EngineConfig
 from locals.server.backend import Backend, Chat
-from locals.server.reply_tokens import ReplyTokens, assistant_texts
+from locals.server.reply_tokens import ReplyTokens
+from locals.server.typed_controls import encode_spans
 
 from tests.helpers.server_fakes import CharTokenizer, Constraints, FakeLoaded, ScriptedEngine, render
 
@@ -47,12 +48,13 @@ def test_a_remembered_reply_is_spelled_with_its_own_tokens_wherever_the_prompt_h
     reply = "The answer is in parse.py, line 12."
     replies.remember(reply, pairs(reply), PairTokenizer().decode)
     text = f"user: where?\nassistant: {reply}\nuser: thanks\nassistant:"
-    tokens = replies.encode(text, [reply], encode)
-    own = replies._by_text[reply]
+    own = replies.tokens(reply)
+    tokens = encode_spans(text, [(reply, own)], encode)
     at = len("user: where?\nassistant: ")
     assert tokens == encode(text[:at]) + list(own) + encode(text[at + len(reply):])
-    assert replies.encode(text, ["another reply of some length"], encode) == encode(text)  # not remembered
-    assert replies.encode(text, [], encode) == encode(text)
+    assert replies.tokens("another reply of some length") is None  # not remembered
+    assert encode_spans(text, [], encode) == encode(text)
+    assert encode_spans(text, [("a reply the text does not hold", [7])], encode) == encode(text)
 
 
 def test_only_tokens_that_write_the_text_are_kept_and_the_oldest_go_first():
@@ -71,14 +73,6 @@ def test_only_tokens_that_write_the_text_are_kept_and_the_oldest_go_first():
     replies.remember(second, encode(second), decode)
     replies.remember(third, encode(third), decode)
     assert list(replies._by_text) == [second, third]
-
-
-def test_assistant_texts_are_the_plain_text_replies_in_order():
-    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "one"},
-                {"role": "assistant", "content": None, "tool_calls": [{}]},
-                {"role": "assistant", "content": [{"type": "text", "text": "parts"}]},
-                {"role": "assistant", "content": "two"}]
-    assert assistant_texts(messages) == ["one", "two"]
 
 
 class PairLoaded(FakeLoaded):
