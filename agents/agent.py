@@ -7,6 +7,7 @@ steps run out, or when the runner cancels it because another agent already won.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -17,6 +18,8 @@ from agents.events import AgentStep, CheckDone, EventSink
 from agents.tools import Toolbox, tool_schemas
 from locals.client import ChatClient, ToolCall
 from locals.errors import LocalsError
+
+log = logging.getLogger(__name__)
 
 NUDGE = "Reply with a tool call. When the work is done, call finish."
 CheckFn = Callable[[], Awaitable[CheckVerdict]]
@@ -84,6 +87,10 @@ class Agent:
         except (LocalsError, aiohttp.ClientError) as exc:
             self.result.status, self.result.summary = "error", str(exc)
             self._emit("error: " + str(exc)[:80], status="error")
+        except Exception as exc:  # a defect in one agent's step ends that agent, never its team's run
+            log.exception("agent %d stopped on an unexpected error", self.index)
+            self.result.status, self.result.summary = "error", f"{type(exc).__name__}: {exc}"
+            self._emit(f"error: {type(exc).__name__}: {exc}"[:87], status="error")
         except asyncio.CancelledError:
             self.result.status = "stopped"
             self._emit("stopped", status="stopped")

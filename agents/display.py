@@ -88,7 +88,7 @@ class LiveDisplay:
 def print_summary(out: Console, console: Console, report: RunReport) -> None:
     """The answer (question mode) on `out`; the outcome per part, time and tokens on `console`."""
     if report.answer:
-        out.print(report.answer, markup=False, highlight=False)
+        out.print(report.answer, markup=False, highlight=False, soft_wrap=True)  # never cut: code lines stay whole
     for part in report.parts:
         style = _STATUS_STYLE.get(part.status, "")
         who = f" by agent {part.winner + 1}" if part.winner is not None else ""

@@ -91,6 +91,8 @@ class Toolbox:
             return ToolOutcome(f"error: {exc}", ok=False)
         except OSError as exc:
             return ToolOutcome(f"error: {exc.strerror or exc}", ok=False)
+        except ValueError as exc:  # a NUL in a path, text no file encoding can hold: the agent's mistake
+            return ToolOutcome(f"error: {exc}", ok=False)
 
     def resolve(self, rel: str, *, for_write: bool = False) -> Path:
         """`rel` inside the worktree, refusing escapes (.., absolute paths, symlinks) and .git."""
@@ -168,12 +170,12 @@ class Toolbox:
             raise ToolInputError("new_text must be a string")
         if not path.is_file():
             raise ToolInputError(f"{args['path']} does not exist; use write_file to create it")
-        text = path.read_text()
+        text = path.read_text(errors="surrogateescape")  # bytes that are not UTF-8 are written back as they were
         count = text.count(old)
         if count != 1:
             where = "not found" if count == 0 else f"found {count} times; include more context"
             raise ToolInputError(f"old_text {where} in {args['path']}")
-        path.write_text(text.replace(old, new, 1))
+        path.write_text(text.replace(old, new, 1), errors="surrogateescape")
         return ToolOutcome(f"edited {path.relative_to(self.root)}", changed=True)
 
     async def _run(self, command: str) -> ToolOutcome:

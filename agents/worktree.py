@@ -129,7 +129,7 @@ class RunArea:
         folder = state_dir() / "patches"
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{self.path.name}-{label}.patch"
-        path.write_text(patch)
+        path.write_text(patch, errors="surrogateescape")  # a non-UTF-8 file's bytes, as git gave them
         return path
 
     def remove_worktree(self, path: Path) -> None:
@@ -159,7 +159,7 @@ def apply_patch(area: RunArea, patch: str, label: str) -> ApplyResult:
     """Apply `patch` to the user's working tree if it applies cleanly; else keep it as a file."""
     files = area.changed_files(patch)
     patch_file = area.path / f"{label}-winner.patch"
-    patch_file.write_text(patch)
+    patch_file.write_text(patch, errors="surrogateescape")
     g = area.repo.git
     try:
         g.apply("--check", "--binary", str(patch_file))

@@ -75,7 +75,11 @@ def set_value(text: str, fmt: str, path: KeyPath, value: Any) -> str:
 def delete_value(text: str, fmt: str, path: KeyPath) -> str:
     """The document without `path`; parents we leave empty are removed too."""
     if fmt == "json":
-        return jsonc.delete(text, path)
+        text = jsonc.delete(text, path)
+        for depth in range(len(path) - 1, 0, -1):
+            if jsonc.get(text, path[:depth]) == {}:
+                text = jsonc.delete(text, path[:depth])
+        return text
     doc = _load_structured(text, fmt)
     parents = [doc]
     for key in path[:-1]:
@@ -149,6 +153,7 @@ class FileRecord:
     hash_written: str
     backup: str | None
     keys: list[KeyRecord] = field(default_factory=list)
+    created_dirs: list[str] = field(default_factory=list)  # folders made for it, deepest first
 
 
 def _sha(data: bytes) -> str:
@@ -197,6 +202,30 @@ def _backup(tool: str, path: Path, data: bytes) -> str:
     return str(target)
 
 
+NOT_UNDONE = "not undone: "  # how `revert` reports a file it could not give back
+
+
+def _parse_error(path: Path, fmt: str, exc: Exception, fix: str) -> ConfigFileError:
+    reason = exc.args[0] if isinstance(exc, ConfigFileError) and exc.args else exc
+    return ConfigFileError(f"{path}: cannot parse it as {fmt.upper()} ({reason}); {fix}")
+
+
+def check(path: Path) -> None:
+    """Raise ConfigFileError, naming the file, when `path` exists but cannot be read or parsed: every
+    file of a tool's setup is checked before any is written, so a setup is never left half done."""
+    path = path.expanduser().resolve()
+    fmt = fmt_of(path)
+    try:
+        text = path.read_bytes().decode("utf-8") if path.exists() else ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigFileError(f"{path}: cannot read it ({exc})") from exc
+    if text.strip():
+        try:
+            jsonc.parse_tree(text) if fmt == "json" else _load_structured(text, fmt)
+        except (ValueError, ConfigFileError) as exc:
+            raise _parse_error(path, fmt, exc, "fix the file or move it aside, then run this again") from exc
+
+
 def apply(tool: str, path: Path, values: dict[KeyPath, Any]) -> FileRecord:
     """Set `values` in `path` for `tool`, backing the file up and recording the change."""
     path = path.expanduser().resolve()
@@ -209,9 +238,11 @@ def apply(tool: str, path: Path, values: dict[KeyPath, Any]) -> FileRecord:
         text = original.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigFileError(f"{path}: cannot read it ({exc})") from exc
+    check(path)
     if record is None:
         record = FileRecord(tool, str(path), fmt, existed, _sha(original) if existed else None, "",
-                            _backup(tool, path, original) if existed else None)
+                            _backup(tool, path, original) if existed else None,
+                            created_dirs=[str(d) for d in _missing_dirs(path.parent)])
         records.append(record)
     known = {tuple(k.path): k for k in record.keys}
     for key_path, value in values.items():
@@ -229,12 +260,27 @@ def apply(tool: str, path: Path, values: dict[KeyPath, Any]) -> FileRecord:
     return record
 
 
+def _missing_dirs(folder: Path) -> list[Path]:
+    """`folder` and its parents that do not exist yet, deepest first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
 def revert(tool: str) -> list[tuple[str, str]]:
-    """Undo every change recorded for `tool`; returns (path, what was done) pairs."""
+    """Undo every change recorded for `tool`; returns (path, what was done) pairs. A file that can
+    no longer be parsed is reported as NOT_UNDONE + why, and stays recorded for a later try."""
     records = load_manifest()
-    mine = [r for r in records if r.tool == tool]
-    done = [(r.path, _revert_file(r)) for r in mine]
-    _save_manifest([r for r in records if r.tool != tool])
+    done, kept = [], [r for r in records if r.tool != tool]
+    for record in (r for r in records if r.tool == tool):
+        try:
+            done.append((record.path, _revert_file(record)))
+        except ConfigFileError as exc:
+            done.append((record.path, NOT_UNDONE + str(exc)))
+            kept.append(record)
+    _save_manifest(kept)
     return done
 
 
@@ -249,15 +295,23 @@ def _revert_file(record: FileRecord) -> str:
             return "restored from backup"
         if not record.existed:
             path.unlink()
+            for folder in map(Path, record.created_dirs):  # deepest first; one holding anything else stays
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
             return "removed (locals created it)"
-    text = current.decode("utf-8")
-    for key in record.keys:
-        key_path = tuple(key.path)
-        if get_value(text, record.format, key_path) != key.written:
-            continue  # the user changed this key since: it is theirs now
-        if key.existed_before:
-            text = set_value(text, record.format, key_path, key.before)
-        else:
-            text = delete_value(text, record.format, key_path)
+    try:
+        text = current.decode("utf-8")
+        for key in record.keys:
+            key_path = tuple(key.path)
+            if get_value(text, record.format, key_path) != key.written:
+                continue  # the user changed this key since: it is theirs now
+            if key.existed_before:
+                text = set_value(text, record.format, key_path, key.before)
+            else:
+                text = delete_value(text, record.format, key_path)
+    except (ValueError, ConfigFileError) as exc:
+        fix = "fix the file and run `locals disconnect` again" + (
+            f", or restore the copy from before setup: {record.backup}" if record.backup else "")
+        raise _parse_error(path, record.format, exc, fix) from exc
     _write_atomic(path, text.encode("utf-8"))
     return "removed locals' settings (the file was edited since setup)"

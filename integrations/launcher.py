@@ -35,9 +35,10 @@ def check_runnable(tool: Tool) -> None:
         raise LocalsError(f"{tool.title} {found.problem}; install a newer one, then try again")
 
 
-def check_context(tool: Tool, ctx: LaunchContext) -> None:
-    """Raise when the served model's window is shorter than the tool accepts, or too short for
-    the tool's fixed first prompt with room for a reply (its first request would fail)."""
+def check_context(tool: Tool, ctx: LaunchContext, accepted_only: bool = False) -> None:
+    """Raise when the served model's window is shorter than the tool accepts, or (unless
+    `accepted_only`) too short for the tool's fixed first prompt with room for a reply (its first
+    request would fail)."""
     if tool.min_context and ctx.context_length and ctx.context_length < tool.min_context:
         raise LocalsError(
             f"{tool.title} needs a model with at least {tool.min_context:,} tokens of context; "
@@ -45,7 +46,7 @@ def check_context(tool: Tool, ctx: LaunchContext) -> None:
             f"(`locals launch {tool.name} --model qwen`)"
         )
     window = ctx.context_window(tool.context_wanted)
-    if ctx.context_length and not ctx.first_prompt_fits(window, tool.first_prompt):
+    if not accepted_only and ctx.context_length and not ctx.first_prompt_fits(window, tool.first_prompt):
         raise LocalsError(
             f"{tool.title}'s first prompt alone (its instructions and tool definitions) is about "
             f"{tool.first_prompt:,} tokens; {ctx.model}'s {window:,}-token context leaves no room for a "
@@ -66,6 +67,8 @@ def plan(tool: Tool, ctx: LaunchContext, args: list[str], base_env: dict[str, st
 
 def apply_changes(tool: Tool, changes: list[ConfigChange]) -> list[tuple[Path, str]]:
     """Write each change with backup + manifest; returns (file, why) for the user."""
+    for change in changes:  # all of them readable first: a broken file stops the setup before any write
+        configfiles.check(change.path)
     done = []
     for change in changes:
         configfiles.apply(tool.name, change.path, change.values)

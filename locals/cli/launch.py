@@ -122,6 +122,7 @@ def _setup(tool: str, model: Optional[str], port: Optional[int]) -> None:
         console_err.print(f"[yellow]{target.title} is not installed here[/yellow]; its settings are written for "
                           f"when it is ({target.install or 'see its own site'})")
     ctx = _context(target, model, port, Path.cwd(), None)
+    launcher.check_context(target, ctx, accepted_only=True)  # a setting the tool itself would refuse
     changes = target.configure(ctx) + target.setup_values(ctx)
     if not changes:
         raise LocalsError(f"{target.title} keeps no settings of its own to change; "
@@ -180,4 +181,7 @@ def register(app: typer.Typer) -> None:
         if not done:
             console.print(f"locals changed nothing of {target.title}'s; nothing to undo")
         for path, what in done:
-            console.print(f"[green]✓[/green] {path}: {what}")
+            mark = "[red]✗[/red]" if what.startswith(configfiles.NOT_UNDONE) else "[green]✓[/green]"
+            console.print(f"{mark} {path}: {what}")
+        if any(what.startswith(configfiles.NOT_UNDONE) for _, what in done):
+            raise typer.Exit(1)

@@ -48,11 +48,18 @@ def run(
     """Let a team of agents do TASK in copies of the project; your tests decide (--check)."""
     from agents.runner import RunOptions
 
+    if not task.strip():
+        raise LocalsError('the task is empty: say what to do, e.g. locals run "fix the failing test" --check "pytest -q"')
+    if server and port is not None:
+        raise LocalsError("--port names the locals daemon; with --server it has no effect: drop one of them")
     options = RunOptions(
         task=task, directory=directory.expanduser().resolve(), check=check, agents=agents,
         parts=parse_parts(parts), max_steps=max_steps, timeout_s=timeout, sandbox=not no_sandbox,
         network=network, keep=keep, max_tokens=max_tokens,
     )
+    if parts != "auto" and check is None:
+        raise LocalsError("--parts splits a task checked by --check; a question (no --check) is answered whole: "
+                          "drop --parts or add --check")
     if not options.directory.is_dir():
         raise LocalsError(f"--dir {directory} is not a folder")
     _preflight(options)

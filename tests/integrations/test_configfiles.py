@@ -126,6 +126,52 @@ def test_file_created_by_setup_is_removed(tmp_path):
     assert json.loads(path.read_text()) == {"env": {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8321"}}
     [(_, what)] = configfiles.revert("claude")
     assert what.startswith("removed") and not path.exists()
+    assert not (tmp_path / "new").exists()  # the folder setup made for it goes too
+
+
+def test_a_folder_that_holds_the_users_files_stays(tmp_path):
+    path = tmp_path / "new" / "deeper" / "settings.json"
+    configfiles.apply("claude", path, {("env", "X"): "1"})
+    (tmp_path / "new" / "mine.txt").write_text("the user's")
+    configfiles.revert("claude")
+    assert not (tmp_path / "new" / "deeper").exists() and (tmp_path / "new" / "mine.txt").exists()
+
+
+def test_undoing_a_nested_key_removes_the_objects_setup_made_for_it(tmp_path):
+    path = tmp_path / "opencode.json"
+    path.write_text('{"model": "theirs"}\n')
+    configfiles.apply("opencode", path, {("provider", "locals", "options", "baseURL"): "http://x/v1"})
+    path.write_text(jsonc.set_value(path.read_text(), ("theme",), "dark"))  # edited since: key-level undo
+    configfiles.revert("opencode")
+    assert jsonc.loads(path.read_text()) == {"model": "theirs", "theme": "dark"}
+
+
+@pytest.mark.parametrize("name, broken", [("settings.json", '{ "model": "x", \n'), ("settings.json", '["a list"]'),
+                                          ("config.toml", "model = = 1"), ("config.yaml", "a: [1,")])
+def test_a_file_that_does_not_parse_stops_setup_before_any_write_and_is_named(tmp_path, name, broken):
+    from integrations.launcher import apply_changes
+    from integrations.base import ConfigChange, get_tool
+
+    good, bad = tmp_path / "first.json", tmp_path / name
+    bad.write_text(broken)
+    changes = [ConfigChange(good, {("a",): 1}, "first"), ConfigChange(bad, {("b",): 2}, "second")]
+    with pytest.raises(configfiles.ConfigFileError) as raised:
+        apply_changes(get_tool("claude"), changes)
+    assert str(bad.resolve()) in str(raised.value) and "move it aside" in str(raised.value)
+    assert not good.exists() and bad.read_text() == broken and configfiles.load_manifest() == []
+
+
+def test_a_file_broken_after_setup_is_reported_not_undone_and_kept_for_later(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text('{"theme": "dark"}\n')
+    configfiles.apply("claude", path, {("env", "X"): "1"})
+    path.write_text('{"env": {"X": "1"}, oops\n')
+    [(_, what)] = configfiles.revert("claude")
+    assert what.startswith(configfiles.NOT_UNDONE) and "restore the copy from before setup" in what
+    assert len(configfiles.load_manifest()) == 1  # a later `disconnect` tries again
+    path.write_text('{"theme": "dark", "env": {"X": "1"}}\n')
+    [(_, what)] = configfiles.revert("claude")
+    assert "edited since setup" in what and jsonc.loads(path.read_text()) == {"theme": "dark"}
 
 
 def test_second_setup_keeps_the_first_backup(tmp_path):

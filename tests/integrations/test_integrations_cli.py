@@ -84,7 +84,16 @@ async def test_setup_codex_writes_toml_and_disconnect_removes_the_new_file(serve
     doc = tomlkit.parse((user_home / ".codex" / "config.toml").read_text())
     assert doc["model_provider"] == "locals" and doc["model_providers"]["locals"]["wire_api"] == "responses"
     await asyncio.to_thread(_invoke, "disconnect", "codex")
-    assert not (user_home / ".codex" / "config.toml").exists()
+    assert not (user_home / ".codex").exists()  # the folder setup made goes with the file
+
+
+async def test_setup_refuses_a_model_the_tool_itself_would_refuse(server, user_home, monkeypatch):
+    from locals.errors import LocalsError
+
+    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port: server)
+    with pytest.raises(LocalsError, match="needs a model with at least 64,000 tokens"):
+        await asyncio.to_thread(_invoke, "setup", "hermes")
+    assert not (user_home / ".hermes").exists()
 
 
 async def test_launch_editor_prints_the_settings(server, monkeypatch):

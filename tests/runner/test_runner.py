@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from agents.runner import RunOptions, run_team
+from agents.tools import Toolbox
 from locals.client import ChatClient
 
 from tests.helpers.fake_openai import FakeOpenAI, call, calls, text, turn
@@ -259,6 +260,44 @@ async def test_calls_after_a_failed_finish_are_skipped_and_one_call_per_turn_is_
     assert any("no tests ran" in r for r in results) and "skipped: calls after finish are not run" in results
 
 
+@pytest.mark.needs_sandbox
+async def test_a_defect_in_one_agents_step_ends_that_agent_not_the_run(tmp_path, monkeypatch):
+    project = make_project(tmp_path)
+    listing = Toolbox._list_files
+
+    def broken(self, args):  # a bug the tools do not foresee, hit by agent 0 only
+        if args.get("path") == "boom":
+            raise RuntimeError("a defect")
+        return listing(self, args)
+
+    monkeypatch.setattr(Toolbox, "_list_files", broken)
+    good = coder(good_agents={1})
+
+    def script(body):
+        if not body.get("response_format") and agent_index(body) == 0:
+            return calls(call("list_files", path="boom"))
+        return good(body)
+
+    events = []
+    report = await run(FakeOpenAI(script), options(project, agents=2, parts=1), events)
+    assert report.ok and report.parts[0].winner == 1
+    assert any(getattr(e, "agent", None) == 0 and e.status == "error" and "RuntimeError: a defect" in e.action
+               for e in events if type(e).__name__ == "AgentStep")
+
+
+@pytest.mark.needs_sandbox
+async def test_a_passing_patch_to_a_file_that_is_not_utf8_is_applied_byte_for_byte(tmp_path):
+    project = make_project(tmp_path)
+
+    def script(body):
+        steps = [calls(call("run", command="printf 'caf\\351 = 1\\n' > latin.txt")), calls(call("finish", summary="done"))]
+        return steps[min(turn(body), 1)]
+
+    report = await run(FakeOpenAI(script), options(project, agents=1, parts=1, check="true"))
+    assert report.ok and report.parts[0].status == "applied", report
+    assert (project / "latin.txt").read_bytes() == b"caf\xe9 = 1\n"
+
+
 def test_plans_are_validated_and_dependencies_only_point_back():
     from agents.planner import parse_plan, plan_schema
 
@@ -331,3 +370,18 @@ def test_the_live_table_keeps_one_line_a_row_in_80_columns():
     lines = [line for line in out.export_text().splitlines() if line.strip() and line != "planning…"]
     assert len(lines) == 2 and "last action" in lines[0] and "check" in lines[0] and "tokens" in lines[0]
     assert "write_file" in lines[1] and "fail" in lines[1] and "1,234" in lines[1]
+
+
+def test_a_printed_answer_keeps_its_long_lines_whole():
+    import io
+
+    from rich.console import Console
+
+    from agents.display import print_summary
+    from agents.runner import RunReport
+
+    code = "    result = call_something(argument_one, argument_two, argument_three, argument_four)"
+    answer = f"Use this:\n{code}\nthen run it."
+    out, console = io.StringIO(), Console(file=io.StringIO(), width=80)
+    print_summary(Console(file=out, width=40), console, RunReport(mode="question", ok=True, answer=answer))
+    assert out.getvalue() == answer + "\n"

@@ -71,6 +71,10 @@ def test_bad_input_is_refused_with_advice(tmp_path):
                           ("./run_tests.sh", "`./run_tests.sh` is not a command"), ("'open", "quotes")):
         result = invoke("x", "--dir", project, "--check", check, "--server", "http://127.0.0.1:9")
         assert result.exit_code != 0 and needle in str(result.exception), (check, result.exception)
+    for args, needle in ((["  "], "the task is empty"), (["x", "--port", "8400"], "--port names the locals daemon"),
+                         (["x", "--parts", "2"], "drop --parts or add --check")):
+        result = invoke(*args, "--dir", project, "--server", "http://127.0.0.1:9")
+        assert result.exit_code != 0 and needle in str(result.exception), (args, result.exception)
     from locals.cli.run import _check_runnable
     for fine in ("python3 -m pytest -q", "CI=1 python3 -m pytest", "cd sub && make test", "test -f README.md",
                  f"{sys.executable} -m pytest", "./README.md"):

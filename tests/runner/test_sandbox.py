@@ -109,6 +109,18 @@ async def test_edit_search_and_list(area):
 
 
 @pytest.mark.needs_sandbox
+async def test_a_tool_call_the_files_cannot_take_is_the_agents_error_not_the_runs(area):
+    worktree, tmp, _ = area
+    tools = Toolbox(worktree, make_sandbox(worktree, tmp), WRITE_TOOLS)
+    (worktree / "latin.py").write_bytes(b"caf\xe9 = 1\n")
+    edit = await tools.execute("edit_file", {"path": "latin.py", "old_text": "1", "new_text": "2"})
+    assert edit.ok and (worktree / "latin.py").read_bytes() == b"caf\xe9 = 2\n"  # its other bytes kept as they were
+    for name, args in (("read_file", {"path": "a\x00b"}), ("write_file", {"path": "s.py", "content": "\ud800"})):
+        result = await tools.execute(name, args)
+        assert not result.ok and result.text.startswith("error: "), (name, result.text)
+
+
+@pytest.mark.needs_sandbox
 async def test_an_agents_run_that_writes_outside_its_worktree_fails(tmp_path):
     """Through the whole runner: the agent's shell command cannot touch the user's project."""
     from agents.runner import RunOptions, run_team
