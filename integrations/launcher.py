@@ -30,7 +30,9 @@ def check_runnable(tool: Tool) -> None:
     """Raise with the install command or the missing runtime when the tool cannot run."""
     found = tool.detect()
     if not found.installed:
-        raise LocalsError(f"{tool.title} is not installed; install it with `{tool.install}`")
+        runtime = tool.runtime_problem()  # said now, not after the install fails to run
+        also = f" ({tool.title} {runtime})" if runtime else ""
+        raise LocalsError(f"{tool.title} is not installed; install it with `{tool.install}`{also}")
     if found.problem:
         raise LocalsError(f"{tool.title} {found.problem}; install a newer one, then try again")
 

@@ -160,15 +160,21 @@ class ChatClient:
         try:
             return json.loads(text)
         except ValueError as exc:
-            raise ClientError(f"{url} answered with a body that is not JSON: {text[:200]!r}") from exc
+            raise ClientError(f"{url} answered with a body that is not JSON: {' '.join(text.split())[:200]!r}; "
+                              "is --server the base URL of an OpenAI-compatible API (…/v1)?") from exc
 
 
 def _error_message(text: str) -> str:
+    """An error body's message on one line: an OpenAI-shaped error's own, else the body's start
+    (an HTML page says it is one: not an OpenAI-compatible server)."""
     try:
         err = json.loads(text).get("error")
-        return err.get("message", str(err)) if isinstance(err, dict) else str(err)
+        message = err.get("message", str(err)) if isinstance(err, dict) else str(err)
     except (ValueError, AttributeError):
-        return text[:300]
+        if text.lstrip()[:15].lower().startswith(("<!doctype html", "<html")):
+            return "an HTML page, not an OpenAI-compatible error; is --server the API's base URL (…/v1)?"
+        message = text
+    return " ".join(message.split())[:300]
 
 
 def parse_reply(data: dict[str, Any]) -> ChatReply:

@@ -57,6 +57,14 @@ def _launch(name: str, args: List[str], model, port, directory, task) -> None:
     from integrations.base import get_tool
 
     tool = get_tool(name)
+    if not tool.launches and (args or task is not None):
+        raise LocalsError(f"locals does not start {tool.title}, it prints the settings to enter there; "
+                          "--run and extra arguments have no effect: drop them")
+    if tool.port and port is not None and port != tool.port:
+        raise LocalsError(f"{tool.title} look on port {tool.port}, where `locals launch {tool.name}` serves; "
+                          f"drop --port (`locals start --port {port}` serves on another port)")
+    if task is not None and not task.strip():
+        raise LocalsError('--run is empty: give the task, e.g. --run "add a test for parse()"')
     if tool.launches:
         launcher.check_runnable(tool)
     else:
@@ -127,9 +135,10 @@ def _setup(tool: str, model: Optional[str], port: Optional[int]) -> None:
     if not changes:
         raise LocalsError(f"{target.title} keeps no settings of its own to change; "
                           f"use `locals launch {target.name}`")
-    for path, why in launcher.apply_changes(target, changes):
+    for path, why in dict.fromkeys(launcher.apply_changes(target, changes)):  # one line for a change made twice
         console.print(f"[green]✓[/green] {path}: {why}")
-    console.print(f"Backed up first; `locals disconnect {target.name}` puts the old settings back.")
+    console.print(f"`locals disconnect {target.name}` puts the old settings back (a file that existed was "
+                  "backed up first).")
 
 
 def register(app: typer.Typer) -> None:

@@ -123,6 +123,17 @@ def test_launch_of_a_missing_tool_says_how_to_install(monkeypatch, tmp_path):
         _invoke("launch", "codex")
 
 
+def test_a_missing_tool_that_needs_a_newer_runtime_says_both(monkeypatch, tmp_path):
+    from locals.errors import LocalsError
+
+    node = tmp_path / "node"
+    node.write_text("#!/bin/sh\necho v20.20.2\n")
+    node.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LocalsError, match=r"npm install -g openclaw.*needs node >= 24; this machine has node 20"):
+        _invoke("launch", "openclaw")
+
+
 async def test_ollama_port_check_tells_locals_from_ollama(server):
     port = int(server.rsplit(":", 1)[1])
     assert await asyncio.to_thread(foreign_server, port) is False  # locals itself
@@ -190,3 +201,17 @@ async def test_launch_ollama_serves_on_ollamas_port(server, monkeypatch):
     result = await asyncio.to_thread(_invoke, "launch", "ollama")
     assert result.exit_code == 0, result.output
     assert ports == [11434] and "Ollama URL" in result.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["launch", "editor", "--run", "do x"], "--run and extra arguments have no effect"),
+    (["launch", "editor", "--", "--foo"], "--run and extra arguments have no effect"),
+    (["launch", "ollama", "--port", "8399"], "look on port 11434"),
+    (["code", "--run", " "], "--run is empty"),
+])
+def test_launch_arguments_that_would_do_nothing_are_refused_before_a_server_starts(args, needle, monkeypatch):
+    from locals.errors import LocalsError
+
+    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port: pytest.fail("a server was started"))
+    with pytest.raises(LocalsError, match=needle):
+        _invoke(*args)

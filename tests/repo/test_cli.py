@@ -94,6 +94,12 @@ def test_help_lists_only_working_commands():
         assert command in proc.stdout
 
 
+def test_switches_read_as_switches_in_help():
+    proc = run_cli("run", "--help")
+    assert proc.returncode == 0 and "--keep" in proc.stdout
+    assert "<bool>" not in proc.stdout  # as a switch would show if it took a value (typer 0.29)
+
+
 def test_version_names_backend_and_blas():
     proc = run_cli("--version")
     assert proc.returncode == 0

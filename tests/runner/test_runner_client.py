@@ -40,8 +40,17 @@ async def test_server_errors_and_unreachable_servers_are_clear():
     async def fail(_request):
         return web.json_response({"error": {"message": "context too long"}}, status=400)
 
+    async def page(_request):  # a web server that is not an OpenAI-compatible API
+        return web.Response(text="<!DOCTYPE HTML>\n<html lang=en>\n<title>404</title>\n</html>", status=404,
+                            content_type="text/html")
+
+    async def plain(_request):
+        return web.Response(text="hello\nworld")
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", fail)
+    app.router.add_post("/page/v1/chat/completions", page)
+    app.router.add_post("/plain/v1/chat/completions", plain)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -51,6 +60,12 @@ async def test_server_errors_and_unreachable_servers_are_clear():
         async with ChatClient(f"http://127.0.0.1:{port}", model="m") as client:
             with pytest.raises(ClientError, match="400: context too long"):
                 await client.chat([{"role": "user", "content": "hi"}])
+        for path, needle in (("page", "404: an HTML page, not an OpenAI-compatible error"),
+                             ("plain", "not JSON: 'hello world'; is --server the base URL")):
+            async with ChatClient(f"http://127.0.0.1:{port}/{path}", model="m") as client:
+                with pytest.raises(ClientError) as raised:
+                    await client.chat([{"role": "user", "content": "hi"}])
+            assert needle in str(raised.value) and "\n" not in str(raised.value), str(raised.value)
     finally:
         await runner.cleanup()
     async with ChatClient(f"http://127.0.0.1:{port}", model="m") as client:
