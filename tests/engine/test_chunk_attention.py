@@ -46,6 +46,34 @@ def test_the_hosts_attention_hides_what_a_batchs_mask_hides(n):
 
 
 @pytest.mark.parametrize("dtype,tol", [(mx.float32, 1e-5), (mx.bfloat16, 3e-2)])
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_a_batchs_rows_bringing_several_tokens_attend_composed_as_mlx_fused(dtype, tol, n):
+    # Drafts or forced tokens: each row's queries see the positions up to their own, rows at different lengths.
+    rows, length = 4, 60
+    q, k, v = _qkv(rows, 8, 2, n, length, dtype, 7 * n)
+    seen = np.array([10, 59, 23, 41])[:, None] - np.arange(n)[::-1][None]
+    visible = mx.array((np.arange(length)[None, None] <= seen[:, :, None])[:, None])
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=visible)
+    _close(ca.composed_attention(q, k, v, 0.125, visible), want, tol)
+
+
+def test_on_cuda_a_batch_with_several_tokens_a_row_composes_its_attention(monkeypatch):
+    from locals.engine.forward.batch_plan import BatchPlan
+
+    calls = []
+    monkeypatch.setattr(host, "SOFTMAX_ON_HOST", False)
+    monkeypatch.setattr(ca, "composed_attention", lambda q, k, v, s, visible: calls.append(visible.shape) or q)
+    plan = BatchPlan.__new__(BatchPlan)
+    plan.width, plan._mask = 3, mx.ones((2, 1, 3, 40), mx.bool_)
+    q, k = mx.zeros((2, 4, 3, 32)), mx.zeros((2, 2, 40, 32))
+    for on_cuda, limit in ((False, ca.COMPOSED_MAX_SCORES), (True, ca.COMPOSED_MAX_SCORES), (True, 2 * 3 * 40 - 1)):
+        monkeypatch.setattr(ca, "ON_CUDA", on_cuda)
+        monkeypatch.setattr(ca, "COMPOSED_MAX_SCORES", limit)
+        assert plan._attention(q, k, k, 1.0).shape == q.shape
+    assert calls == [(2, 1, 3, 40)]  # only on CUDA and within the scores' limit; else MLX's fused attention
+
+
+@pytest.mark.parametrize("dtype,tol", [(mx.float32, 1e-5), (mx.bfloat16, 3e-2)])
 @pytest.mark.parametrize("n,length", [(33, 33), (100, 700), (200, 1024), (256, 1500)])
 def test_a_bucketed_chunk_equals_mlx_causal_attention_over_its_prefix(dtype, tol, n, length):
     # The buffers hold the prefix and then garbage (a longer prompt's, rejected drafts): masked.

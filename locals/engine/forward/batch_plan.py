@@ -15,6 +15,7 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
+from locals.engine.forward import chunk_attention
 from locals.engine.forward import host_attention as host
 
 
@@ -158,6 +159,11 @@ class BatchPlan:
     def _attention(self, q: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
         if host.SOFTMAX_ON_HOST:
             return host.host_attention(q, keys, values, scale, hidden=self.hidden)
+        # Rows bringing several tokens (drafts, forced tokens) would meet cuDNN, which builds a graph
+        # for each new length t (40-100 ms while the rows wait): composed instead, as small prompt
+        # chunks are (chunk_attention.py; docs/benchmarks-log.md, "Drafts and forced tokens on CUDA").
+        if self.width > 1 and chunk_attention.composes(q.shape[0] * self.width, keys.shape[2]):
+            return chunk_attention.composed_attention(q, keys, values, scale, self.mask)
         return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=self.mask)
 
     def advance(self) -> None:

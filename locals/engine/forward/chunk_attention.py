@@ -50,7 +50,7 @@ def chunk_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float,
         if (BUCKET_MIN_QUERIES // 2 < n <= BUCKET_MAX_QUERIES and buffers is not None
                 and buffers[0].shape[2] % ROOM_STEP == 0):
             return bucketed_attention(q, *buffers, length, scale)
-        if n * length <= COMPOSED_MAX_SCORES:
+        if composes(n, length):
             return composed_attention(q, keys, values, scale)
     return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask="causal" if n > 1 else None)
 
@@ -101,12 +101,22 @@ def prebuild(heads: int, kv_heads: int, dim: int, dtype, chunk: int, up_to: int)
         mx.eval(bucketed_attention(q, *buffers, positions, dim ** -0.5))
 
 
-def composed_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
-    """Causal attention as MLX composes it where it has no fused kernel: the queries scaled,
-    scores in the inputs' dtype, a softmax in float32, grouped-query heads by reshaping."""
+def composes(queries: int, keys: int) -> bool:
+    """Whether attention of `queries` (all rows') over `keys` positions is composed on CUDA rather
+    than sent to cuDNN, which would build a graph for its shape (COMPOSED_MAX_SCORES)."""
+    return ON_CUDA and queries * keys <= COMPOSED_MAX_SCORES
+
+
+def composed_attention(q: mx.array, keys: mx.array, values: mx.array, scale: float,
+                       visible: mx.array | None = None) -> mx.array:
+    """Attention as MLX composes it where it has no fused kernel: the queries scaled, scores in the
+    inputs' dtype, a softmax in float32, grouped-query heads by reshaping. `visible` (B, 1, n, L):
+    which keys each query sees; None: causal, the n queries being the last n of the L positions."""
     n, length = q.shape[2], keys.shape[2]
     scores = host.grouped_scores(q, keys, scale)
-    # Query i sits at position L - n + i and sees keys up to it.
-    visible = mx.arange(length - n, length)[:, None] >= mx.arange(length)[None]
+    if visible is None:  # query i sits at position L - n + i and sees keys up to it
+        visible = mx.arange(length - n, length)[:, None] >= mx.arange(length)[None]
+    else:
+        visible = visible[:, :, None]  # (B, 1, 1, n, L) against the scores' (B, kv_heads, group, n, L)
     scores = mx.where(visible, scores, mx.array(-float("inf"), scores.dtype))
     return host.weighted_values(mx.softmax(scores, axis=-1, precise=True), values)
