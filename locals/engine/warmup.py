@@ -161,8 +161,8 @@ class ShapeWarmer:
         batch.kv.clear()
 
     def _build_chunk_attention(self, chunk: int) -> None:
-        """cuDNN's attention graphs for prompt chunks read beside decoding rows (up to `chunk` tokens)
-        at every cache size up to AGENTS_CONTEXT positions (forward/chunk_attention.py)."""
+        """cuDNN's attention graphs for prompt chunks read beside decoding rows (up to `chunk` tokens,
+        each bucket) at every cache size up to AGENTS_CONTEXT positions (forward/chunk_attention.py)."""
         layer = self.model.model.layers[0]
         attn = layer.self_attn
         chunk_attention.prebuild(attn.n_heads, attn.n_kv_heads, round(attn.scale ** -2),

@@ -125,12 +125,12 @@ def test_cpu_chunks_normalize_on_the_host_and_leave_their_inputs_alone(monkeypat
         np.testing.assert_array_equal(np.array(a), b)
 
 
-def test_the_warm_up_builds_a_chunks_bucket_at_every_buffer_size(monkeypatch):
+def test_the_warm_up_builds_every_bucket_up_to_a_chunks_at_every_buffer_size(monkeypatch):
     seen = []
     real = ca.bucketed_attention
     monkeypatch.setattr(ca, "bucketed_attention",
                         lambda q, k, v, *a: seen.append((q.shape[2], k.shape[2])) or real(q, k, v, *a))
     ca.prebuild(4, 2, 32, mx.float32, 248, 2 * ca.ROOM_STEP)
-    assert seen == [(256, ca.ROOM_STEP), (256, 2 * ca.ROOM_STEP)]
+    assert seen == [(width, size) for width in (64, 128, 256) for size in (ca.ROOM_STEP, 2 * ca.ROOM_STEP)]
     ca.prebuild(4, 2, 32, mx.float32, 2048, 2 * ca.ROOM_STEP)  # a prompt read alone: not bucketed
-    assert len(seen) == 2
+    assert len(seen) == 6

@@ -89,16 +89,19 @@ def _visible_bias(n: int, width: int, length: int, positions: int, dtype) -> mx.
 
 
 def prebuild(heads: int, kv_heads: int, dim: int, dtype, chunk: int, up_to: int) -> None:
-    """Run the bucketed attention of a `chunk`-token chunk at every buffer size up to `up_to`
-    positions once, so cuDNN has built those graphs before a request meets them (CUDA only; nothing
-    for a chunk that is not bucketed)."""
+    """Run the bucketed attention of chunks of up to `chunk` tokens, at every bucket up to its own
+    (a prompt's last chunk has any length) and every buffer size up to `up_to` positions, once, so
+    cuDNN has built those graphs before a request meets them (CUDA only; nothing for a chunk that
+    is not bucketed)."""
     if not BUCKET_MIN_QUERIES // 2 < chunk <= BUCKET_MAX_QUERIES:
         return
-    width = query_bucket(chunk)
-    for positions in range(ROOM_STEP, up_to + 1, ROOM_STEP):
-        buffers = [mx.zeros((1, kv_heads, positions, dim), dtype) for _ in range(2)]
-        q = mx.zeros((1, heads, width, dim), dtype)
-        mx.eval(bucketed_attention(q, *buffers, positions, dim ** -0.5))
+    width = BUCKET_MIN_QUERIES
+    while width <= query_bucket(chunk):
+        for positions in range(ROOM_STEP, up_to + 1, ROOM_STEP):
+            buffers = [mx.zeros((1, kv_heads, positions, dim), dtype) for _ in range(2)]
+            q = mx.zeros((1, heads, width, dim), dtype)
+            mx.eval(bucketed_attention(q, *buffers, positions, dim ** -0.5))
+        width *= 2
 
 
 def composes(queries: int, keys: int) -> bool:
