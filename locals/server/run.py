@@ -40,6 +40,8 @@ class QuietAccessLogger(AccessLogger):
 
 # handler_cancellation: a client hanging up cancels its handler, which cancels its request.
 RUNNER_OPTIONS = {"handler_cancellation": True, "access_log": log, "access_log_class": QuietAccessLogger}
+LOAD_STOP_GRACE_S = 15.0  # how long a stop while loading waits for the load's current step
+_LOADERS: set[threading.Thread] = set()  # threads of `_in_daemon_thread` still running
 
 
 def check_bind(host: str, allow_remote: bool) -> None:
@@ -93,6 +95,8 @@ async def _serve(state: ServerState, model: str | None, host: str, port: int,
         else:
             loading.cancel()
             log.info("stopped while loading %s", state.model)
+            await asyncio.wait({loading})  # an engine it started is stopped before the process ends
+            await asyncio.to_thread(_let_loading_finish, LOAD_STOP_GRACE_S)
     finally:
         stopping.cancel()
         log.info("stopping")
@@ -117,7 +121,11 @@ async def _load(state: ServerState, model: str | None):
     engine = await _in_daemon_thread(create_engine, loaded)
     built_at = time.perf_counter()
     engine.start()
-    await _in_daemon_thread(engine.ready.wait)  # the likeliest decode-step shapes compiled first
+    try:
+        await _in_daemon_thread(engine.ready.wait)  # the likeliest decode-step shapes compiled first
+    except asyncio.CancelledError:  # stopped while compiling ahead: MLX aborts the process if its thread runs on
+        engine.stop()
+        raise
     state.model = loaded.name
     state.backend = Backend(loaded, engine, max_tokens=state.max_tokens, overflow_policy=state.overflow)
     # Where a start's time went, so a slow one says what to look at (docs/how-it-works.md, "The server").
@@ -129,8 +137,8 @@ async def _load(state: ServerState, model: str | None):
 
 
 def _in_daemon_thread(fn, *args):
-    """Run `fn` in a daemon thread: a stop while a model downloads or loads need not wait for it
-    (executor threads would be joined at exit)."""
+    """Run `fn` in a daemon thread: a stop while a model downloads need not wait for it (executor
+    threads would be joined at exit); `_let_loading_finish` bounds the wait for one."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
 
@@ -141,9 +149,22 @@ def _in_daemon_thread(fn, *args):
             loop.call_soon_threadsafe(_settle, future, None, exc)
         else:
             loop.call_soon_threadsafe(_settle, future, result, None)
+        finally:
+            _LOADERS.discard(thread)
 
-    threading.Thread(target=work, name="locals-load", daemon=True).start()
+    thread = threading.Thread(target=work, name="locals-load", daemon=True)
+    _LOADERS.add(thread)
+    thread.start()
     return future
+
+
+def _let_loading_finish(grace_s: float) -> None:
+    """Wait, at most `grace_s`, for the loading threads a stop left running. One still inside MLX
+    (reading weights, setting kernels up) when the process ends makes MLX abort it (SIGABRT, "terminate
+    called without an active exception"); a download is Python and may be left behind."""
+    deadline = time.monotonic() + grace_s
+    for thread in list(_LOADERS):
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _settle(future: asyncio.Future, result, exc) -> None:
