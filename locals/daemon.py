@@ -102,6 +102,17 @@ def mark_serving(port: int, host: str, model: str | None) -> None:
     write_record(record)
 
 
+def other_servers(port: int) -> list[int]:
+    """Ports other than `port` where a `locals serve` this user started still runs (by its record)."""
+    ports = []
+    for path in sorted(state_dir().glob("server-*.json")):
+        other = path.stem.removeprefix("server-")
+        record = read_record(int(other)) if other.isdigit() and int(other) != port else None
+        if record is not None and record.pid and _alive(record.pid) and _is_our_server(record.pid, record.port):
+            ports.append(record.port)
+    return ports
+
+
 def unmark_serving(port: int) -> None:
     record = read_record(port)
     if record is not None and record.pid == os.getpid():

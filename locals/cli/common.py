@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
-console = Console()
-console_err = Console(stderr=True)
+# Messages are never cut into lines: a command or URL in one stays whole when piped (the terminal wraps
+# what is too wide for it); tables still fit the width.
+console = Console(soft_wrap=True)
+console_err = Console(stderr=True, soft_wrap=True)
 
 
 def progress_bar():

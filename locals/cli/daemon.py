@@ -12,7 +12,7 @@ from rich.table import Table
 from locals import settings
 from locals import daemon
 from locals.cli.common import console, console_err, prepare_model_process
-from locals.config import DEFAULT_HOST, load_remembered
+from locals.config import DEFAULT_HOST, DEFAULT_PORT, load_remembered
 from locals.errors import LocalsError
 
 MODEL_HELP = "Alias (qwen, lfm, smollm2…), Hugging Face repo id or local folder."
@@ -103,6 +103,8 @@ def stop(port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=655
         console.print(f"stopped locals on port {port}")
     else:
         console.print(f"locals is not running on port {port}")
+    for other in daemon.other_servers(port):
+        console.print(f"locals still runs on port {other}: `locals stop --port {other}` stops it", soft_wrap=True)
 
 
 def _size(n: float) -> str:
@@ -133,7 +135,12 @@ def status(
         raise LocalsError(f"port {port} is held by another program, not locals; start locals on another port "
                           "(`locals start --port N`) or stop that program")
     if snap is None:
-        raise LocalsError(f"locals is not running on port {port}; run `locals start`")
+        others = daemon.other_servers(port)
+        if others:
+            raise LocalsError(f"locals is not running on port {port}; it runs on port "
+                              f"{', '.join(map(str, others))} (`locals status --port {others[0]}`)")
+        flag = f" --port {port}" if port != DEFAULT_PORT else ""
+        raise LocalsError(f"locals is not running on port {port}; run `locals start{flag}`")
     table = Table(show_header=False, box=None)
     table.add_row("model", f"{snap['model']} ({snap['status']})")
     table.add_row("address", daemon.base_url(port))
@@ -142,7 +149,8 @@ def status(
     engine, reqs = snap.get("engine"), snap.get("requests")
     if engine and reqs:
         table.add_row("requests", f"{reqs['total']} total, {reqs['in_flight']} in flight "
-                                  f"({engine['running']} running, {engine['waiting']} queued)")
+                                  f"({engine['running']} decoding, {engine.get('prefilling', 0)} reading a prompt, "
+                                  f"{engine['waiting']} queued)")
         table.add_row("speed", f"{engine['decode_tokens_per_s']:.1f} tok/s decode, "
                                f"{engine['prefill_tokens_per_s']:.0f} tok/s prompt")
         table.add_row("cache hits", f"{engine['cached_tokens_total']} of {engine['prompt_tokens_total']} "

@@ -80,7 +80,8 @@ def test_status_names_another_program_on_the_port():
         server.shutdown()
         server.server_close()
     result = CliRunner().invoke(app, ["status", "--port", str(server.server_port)])  # nothing there now
-    assert isinstance(result.exception, LocalsError) and "run `locals start`" in str(result.exception)
+    port = server.server_port
+    assert isinstance(result.exception, LocalsError) and f"run `locals start --port {port}`" in str(result.exception)
 
 
 def test_our_server_is_recognised_by_its_command_and_port():
@@ -93,6 +94,27 @@ def test_our_server_is_recognised_by_its_command_and_port():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_stop_and_status_name_a_server_still_running_on_another_port():
+    from typer.testing import CliRunner
+
+    from locals.cli import app
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "locals", "serve",
+                             "--port", "18641"])
+    try:
+        time.sleep(0.3)
+        daemon.write_record(daemon.ServerRecord(port=18641, pid=proc.pid))
+        assert daemon.other_servers(18642) == [18641] and daemon.other_servers(18641) == []
+        stopped = CliRunner().invoke(app, ["stop", "--port", "18642"])
+        assert "locals still runs on port 18641: `locals stop --port 18641`" in stopped.output
+        status = CliRunner().invoke(app, ["status", "--port", "18642"])
+        assert "it runs on port 18641 (`locals status --port 18641`)" in str(status.exception)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert daemon.other_servers(18642) == []  # its record stays, its process is gone
 
 
 def test_start_while_the_model_loads_waits_until_it_serves():
@@ -201,3 +223,17 @@ def test_start_hands_its_overflow_policy_to_the_server_and_refuses_an_unknown_on
     assert "--overflow" not in launched[0]
     bad = CliRunner().invoke(app, ["start", "--overflow", "drop"])
     assert bad.exit_code != 0 and "--overflow 'drop': use refuse or trim" in bad.output + str(bad.exception)
+
+
+def test_status_counts_a_request_reading_its_prompt_among_those_in_flight(monkeypatch):
+    from typer.testing import CliRunner
+
+    from locals.cli import app
+
+    engine = {"running": 2, "prefilling": 1, "waiting": 0, "decode_tokens_per_s": 58.3, "prefill_tokens_per_s": 410.0,
+              "cached_tokens_total": 10, "prompt_tokens_total": 20, "kv_bytes": 1 << 20, "kv_budget_bytes": 0}
+    snap = {"model": "smollm2", "status": "ready", "uptime_s": 5, "memory_rss_bytes": 1 << 28, "engine": engine,
+            "requests": {"total": 4, "in_flight": 3}}
+    monkeypatch.setattr(daemon, "status", lambda port: snap)
+    result = CliRunner().invoke(app, ["status", "--port", "18643"], env={"COLUMNS": "200"})
+    assert "3 in flight (2 decoding, 1 reading a prompt, 0 queued)" in result.output, result.output
