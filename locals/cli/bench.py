@@ -54,8 +54,11 @@ def _traffic_plan(agents: str, rounds: int, turns: int, time_scale: float, size_
     from locals.cli.bench_traffic import parse_agents
     from locals.traffic.workload import Workload
 
-    if turns < 1 or time_scale < 0 or (size_scale is not None and size_scale <= 0):
-        raise LocalsError("--turns must be at least 1, --time-scale at least 0 and --size-scale above 0")
+    problems = [f"--turns {turns}: use at least 1" if turns < 1 else "",
+                f"--time-scale {time_scale:g}: use 0 or more" if time_scale < 0 else "",
+                f"--size-scale {size_scale:g}: use more than 0" if size_scale is not None and size_scale <= 0 else ""]
+    if any(problems):
+        raise LocalsError("; ".join(p for p in problems if p))
     if size_scale is None:  # a CPU reads prompts ~100x slower than a GPU: the same traffic, smaller
         from locals.engine.load.backend import detect
 

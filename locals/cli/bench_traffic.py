@@ -14,6 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import typer
 
 from locals import settings
 from locals.cli.common import console, console_err, progress_bar
@@ -206,7 +207,14 @@ def traffic_bench(model: str | None, plan_args: dict, wanted: list[str] | None, 
                 else:
                     progress.update(task, description=label)
 
-            report = run(plan, log_dir, on_phase, on_round=lambda r: save({**r, **extra}, path))
+            try:
+                report = run(plan, log_dir, on_phase, on_round=lambda r: save({**r, **extra}, path))
+            except KeyboardInterrupt:
+                progress.stop()
+                kept = (f"the rounds done so far are in {path}" if path.exists()
+                        else "no round had finished: no report")
+                console_err.print(f"stopped: {kept}; server logs in {log_dir}")
+                raise typer.Exit(130) from None
     report = {**report, **extra, "other_cpu_percent_after": other_cpu_percent(0.5),
               "finished": time.strftime("%Y-%m-%d %H:%M:%S")}
     save(report, path)

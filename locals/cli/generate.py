@@ -90,6 +90,8 @@ def generate(
     prepare_model_process()  # may re-exec this process: stdin is read after it
     if prompt == "-":  # `git diff | locals generate -p -`
         prompt = sys.stdin.read().strip()
+    if not prompt.strip():  # an empty diff piped in: no made-up answer to nothing
+        raise LocalsError("the prompt is empty: give the text to answer with -p (or pipe it in with -p -)")
     json_schema = _read_schema(schema) if schema else None
     loaded = load_with_spinner(model)
     from locals.engine import build_constraint, create_engine, encode_prompt, render_prompt
@@ -140,13 +142,14 @@ def chat(
             try:
                 line = console.input("[bold green]> [/bold green]")
             except (EOFError, KeyboardInterrupt):
+                console.print()  # the shell's prompt on a line of its own
                 break
             command = line.strip()
-            if command in ("/exit", "/quit"):
+            if command.lower() in ("/exit", "/quit"):
                 break
-            if command == "/reset":
+            if command.lower() == "/reset":
                 history = history[:1] if system else []
-            elif re.fullmatch(r"/[a-z]+", command):  # a mistyped command is not a message to the model
+            elif re.fullmatch(r"/[a-zA-Z]+", command):  # a mistyped command is not a message to the model
                 console_err.print(f"[yellow]unknown command {command}[/yellow]: {CHAT_COMMANDS}")
             elif command:
                 history.append({"role": "user", "content": line})

@@ -88,7 +88,7 @@ def tune(
     dtype: str = typer.Option("bfloat16", "--dtype", help="Activation dtype for --shape."),
     rows: Optional[str] = typer.Option(None, "--rows",
                                        help="Batch rows to tune, in this order: e.g. 1-16 or 8,16,2-7 "
-                                            "(default: 2-32 on CUDA, 1-16 elsewhere)."),
+                                            "(default: 2,4,8,16,32 on CUDA, 1-16 elsewhere)."),
     rounds: int = typer.Option(7, "--rounds", help="Interleaved timing rounds per choice (on CUDA three times "
                                "as many, each a short chain timed by the GPU's own clock)."),
     only: Optional[str] = typer.Option(None, "--only",
@@ -168,10 +168,12 @@ def _report() -> None:
 
 def _check_options(bits: int, dtype: str, group_size: int, rounds: int) -> None:
     """Refuse --shape options tuning cannot use, before anything loads."""
-    if bits not in (4, 8) or dtype not in ("bfloat16", "float16", "float32"):
-        raise LocalsError("--bits must be 4 or 8 and --dtype one of bfloat16, float16, float32")
-    if group_size not in (32, 64, 128) or rounds < 1:
-        raise LocalsError("--group-size must be 32, 64 or 128 and --rounds at least 1")
+    problems = [f"--bits {bits}: use 4 or 8" if bits not in (4, 8) else "",
+                f"--dtype {dtype}: use bfloat16, float16 or float32" if dtype not in ("bfloat16", "float16", "float32") else "",
+                f"--group-size {group_size}: use 32, 64 or 128" if group_size not in (32, 64, 128) else "",
+                f"--rounds {rounds}: use at least 1" if rounds < 1 else ""]
+    if any(problems):
+        raise LocalsError("; ".join(p for p in problems if p))
 
 
 @contextlib.contextmanager

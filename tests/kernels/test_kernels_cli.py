@@ -36,13 +36,14 @@ def test_tune_bad_options_are_one_line_errors():
     for args, needle in ((("--shape", "33x100"), "multiple of the group size"),
                          (("--shape", "abc"), "OUTxIN"),
                          (("--shape", "33x128", "--rows", "0-40"), "within 1-32"),
-                         (("--shape", "33x128", "--bits", "3"), "--bits"),
-                         (("--shape", "64x64", "--group-size", "0"), "--group-size"),
+                         (("--shape", "33x128", "--bits", "3"), "--bits 3: use 4 or 8"),
+                         (("--shape", "64x64", "--group-size", "0"), "--group-size 0: use 32, 64 or 128"),
                          (("--shape", "64x96", "--group-size", "48"), "--group-size"),
-                         (("--shape", "64x128", "--rounds", "0"), "--rounds")):
+                         (("--shape", "64x128", "--rounds", "0"), "--rounds 0: use at least 1")):
         proc = run_cli("tune", *args)
         assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
+        assert args[-2] == "--shape" or proc.stderr.count("--") == 1  # only the option given is named
 
 
 def test_status_says_what_compiling_ahead_has_done():

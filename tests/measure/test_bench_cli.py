@@ -102,7 +102,8 @@ def test_bench_bad_options_are_one_line_errors():
     for args, needle in ((("--engine", "--batches", "0,2"), "between 1 and 256"),
                          (("--engine", "--batches", "x"), "--batches"), (("--engine", "--tokens", "1"), "--tokens"),
                          (("--agents", "0,8"), "--agents"), (("--servers", "locals,vllm"), "--servers"),
-                         (("--turns", "0"), "--turns")):
+                         (("--turns", "0"), "--turns 0: use at least 1"),
+                         (("--size-scale", "0"), "--size-scale 0: use more than 0")):
         proc = run_cli("bench", *args)
         assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
@@ -189,3 +190,28 @@ def test_bench_cli_refuses_bad_peer_args_before_measuring(monkeypatch, tmp_path)
     assert result.exit_code != 0 and "SERVER=ARGS" in str(result.exception)  # the CLI prints it as an error
     result = CliRunner().invoke(app, ["bench", "--servers", "locals", "--peer-args", "mlx_lm.server=--x 1"])
     assert result.exit_code != 0 and "add it to --servers" in str(result.exception)
+
+
+def test_a_bench_stopped_by_ctrl_c_says_what_it_kept(tmp_path, monkeypatch, capsys):
+    import typer
+
+    from locals.cli import bench_traffic
+    from locals.traffic import run as traffic_run
+    from locals.traffic.workload import Workload
+
+    monkeypatch.setattr(bench_traffic, "server_specs", lambda *a, **kw: ([], {}))
+
+    def interrupted(plan, log_dir, on_phase, on_round):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(traffic_run, "run", interrupted)
+    path = tmp_path / "bench.json"
+    plan = {"agents": (1,), "rounds": 1, "workload": Workload()}
+    with pytest.raises(typer.Exit) as stopped:
+        bench_traffic.traffic_bench("smollm2", plan, None, path, 0.0)
+    assert stopped.value.exit_code == 130
+    assert "stopped: no round had finished: no report; server logs in" in capsys.readouterr().err
+    path.write_text("{}")  # a round saved before the stop
+    with pytest.raises(typer.Exit):
+        bench_traffic.traffic_bench("smollm2", plan, None, path, 0.0)
+    assert f"the rounds done so far are in {path}" in capsys.readouterr().err.replace("\n", "")

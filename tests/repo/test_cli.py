@@ -50,6 +50,13 @@ def test_bad_schema_file_is_one_clear_line(tmp_path):
     _one_clear_line(proc, "a JSON schema is an object")
 
 
+def test_an_empty_prompt_is_refused_not_answered():
+    _one_clear_line(run_cli("generate", "--prompt", "  "), "the prompt is empty")
+    proc = subprocess.run([sys.executable, "-m", "locals", "generate", "-p", "-"], input="\n", capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    _one_clear_line(proc, "the prompt is empty")
+
+
 def test_an_empty_schema_still_constrains_the_answer_to_json(tmp_path):
     import json
 

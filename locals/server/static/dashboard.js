@@ -223,6 +223,7 @@ async function poll() {
     $("status").textContent = "unreachable";
     $("status").className = "pill bad";
     $("uptime").textContent = "–";
+    $("memory").textContent = "–";  // the process's memory: not an old value of a server that is gone
     blank();
   }
   setTimeout(poll, 1000);
