@@ -210,13 +210,15 @@ def _parse_error(path: Path, fmt: str, exc: Exception, fix: str) -> ConfigFileEr
     return ConfigFileError(f"{path}: cannot parse it as {fmt.upper()} ({reason}); {fix}")
 
 
-def check(path: Path) -> None:
-    """Raise ConfigFileError, naming the file, when `path` exists but cannot be read or parsed: every
-    file of a tool's setup is checked before any is written, so a setup is never left half done."""
+def check(path: Path) -> bytes:
+    """`path`'s bytes (empty when it does not exist); ConfigFileError, naming the file, when it cannot
+    be read or parsed: every file of a tool's setup is checked before any is written, so a setup is
+    never left half done."""
     path = path.expanduser().resolve()
     fmt = fmt_of(path)
     try:
-        text = path.read_bytes().decode("utf-8") if path.exists() else ""
+        original = path.read_bytes() if path.exists() else b""
+        text = original.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigFileError(f"{path}: cannot read it ({exc})") from exc
     if text.strip():
@@ -224,6 +226,7 @@ def check(path: Path) -> None:
             jsonc.parse_tree(text) if fmt == "json" else _load_structured(text, fmt)
         except (ValueError, ConfigFileError) as exc:
             raise _parse_error(path, fmt, exc, "fix the file or move it aside, then run this again") from exc
+    return original
 
 
 def apply(tool: str, path: Path, values: dict[KeyPath, Any]) -> FileRecord:
@@ -233,12 +236,8 @@ def apply(tool: str, path: Path, values: dict[KeyPath, Any]) -> FileRecord:
     records = load_manifest()
     record = next((r for r in records if r.tool == tool and r.path == str(path)), None)
     existed = path.exists()
-    try:
-        original = path.read_bytes() if existed else b""
-        text = original.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigFileError(f"{path}: cannot read it ({exc})") from exc
-    check(path)
+    original = check(path)
+    text = original.decode("utf-8")
     if record is None:
         record = FileRecord(tool, str(path), fmt, existed, _sha(original) if existed else None, "",
                             _backup(tool, path, original) if existed else None,

@@ -104,7 +104,7 @@ def stop(port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=655
     else:
         console.print(f"locals is not running on port {port}")
     for other in daemon.other_servers(port):
-        console.print(f"locals still runs on port {other}: `locals stop --port {other}` stops it", soft_wrap=True)
+        console.print(f"locals still runs on port {other}: `locals stop --port {other}` stops it")
 
 
 def _size(n: float) -> str:
@@ -149,7 +149,7 @@ def status(
     engine, reqs = snap.get("engine"), snap.get("requests")
     if engine and reqs:
         table.add_row("requests", f"{reqs['total']} total, {reqs['in_flight']} in flight "
-                                  f"({engine['running']} decoding, {engine.get('prefilling', 0)} reading a prompt, "
+                                  f"({engine['running']} decoding, {engine['prefilling']} reading a prompt, "
                                   f"{engine['waiting']} queued)")
         table.add_row("speed", f"{engine['decode_tokens_per_s']:.1f} tok/s decode, "
                                f"{engine['prefill_tokens_per_s']:.0f} tok/s prompt")

@@ -11,8 +11,9 @@ not see masked, so its shape is one of a few the warm-up built (`prebuild`): at 
 4,096 its attention took 3.7 ms (36 layers, H100) against 11.6 composed, and served steps with a
 chunk halved (docs/benchmarks-log.md, "Prompt chunks attend at bucketed shapes"). Other chunks whose
 scores are small are composed (no build; docs/benchmarks-log.md,
-"Attention graphs built per prompt length"); the rest stay with MLX's causal attention. Metal
-builds nothing per shape: MLX's fused kernel always.
+"Attention graphs built per prompt length"); the rest stay with MLX's causal attention. A decode
+batch whose rows bring several tokens composes its attention the same way (`composes`,
+batch_plan.py). Metal builds nothing per shape: MLX's fused kernel always.
 
 On the CPU a chunk's time is its softmax, which numpy runs faster than MLX there (host_attention.py).
 """
