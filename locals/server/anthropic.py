@@ -34,8 +34,8 @@ def _blocks(content: Any, where: str) -> list[dict]:
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         raise RequestError(f"{field} must be a string or an array of content blocks")
-    if not all(isinstance(b, dict) for b in content):
-        raise RequestError(f"{field} blocks must be objects")
+    if not all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in content):
+        raise RequestError(f"{field} blocks must be objects with a string `type`")
     return content
 
 
@@ -60,11 +60,13 @@ def _convert_message(msg: Any, where: str) -> list[dict]:
             text = text_of(result, where)
             if block.get("is_error"):
                 text = f"Error: {text}"
-            out.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "",
-                        "content": text})
-        elif kind == "document" and (block.get("source") or {}).get("type") == "text":
-            texts.append(block["source"].get("data", ""))
-        elif kind in ("image", "document"):
+            call_id = block.get("tool_use_id")
+            if call_id is not None and not isinstance(call_id, str):
+                raise RequestError(f"{where}: a tool_result's `tool_use_id` must be a string")
+            out.append({"role": "tool", "tool_call_id": call_id or "", "content": text})
+        elif kind == "document":
+            texts.append(_document_text(block.get("source"), where))
+        elif kind == "image":
             raise RequestError(f"{where}: this model reads text only; remove the {kind} block")
         elif kind not in _SKIPPED_BLOCKS:
             raise RequestError(f"{where}: unknown content block type {kind!r}")
@@ -74,6 +76,17 @@ def _convert_message(msg: Any, where: str) -> list[dict]:
             item["tool_calls"] = calls
         out.append(item)
     return out
+
+
+def _document_text(source: Any, where: str) -> str:
+    """A document block's text: a plain-text source is read; PDFs and other files are refused."""
+    if not isinstance(source, dict) or source.get("type") != "text":
+        raise RequestError(f"{where}: this model reads text only; a document needs a "
+                           "{\"type\": \"text\", \"data\": …} source")
+    data = source.get("data", "")
+    if not isinstance(data, str):
+        raise RequestError(f"{where}: a text document's `data` must be a string")
+    return data
 
 
 def chat_messages(body: dict) -> list[dict]:

@@ -216,7 +216,8 @@ class Backend:
         if self.context_length:
             room = self.context_length - len(tokens)
             if room <= 0:
-                raise RequestError(overflow.refusal(len(tokens), self.context_length))
+                refusal = overflow.raw_refusal if chat.prompt is not None else overflow.refusal
+                raise RequestError(refusal(len(tokens), self.context_length))
             sampling.max_tokens = max(1, min(sampling.max_tokens, room))
         if self.max_tokens:
             sampling.max_tokens = min(sampling.max_tokens, self.max_tokens)

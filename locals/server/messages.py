@@ -31,16 +31,17 @@ def text_of(content: Any, where: str) -> str:
         if not isinstance(part, dict):
             raise RequestError(f"{where}: each content part must be an object")
         kind = part.get("type", "text")
-        if kind in _TEXT_PARTS or (kind == "refusal" and "refusal" in part):
-            value = part.get("text", part.get("refusal"))
-            if not isinstance(value, str):
-                raise RequestError(f"{where}: a {kind} part needs a string `text`")
-            texts.append(value)
+        if not isinstance(kind, str):
+            raise RequestError(f"{where}: a content part's `type` must be a string")
+        if kind in _TEXT_PARTS or kind == "refusal":
+            field = "refusal" if kind == "refusal" else "text"
+            if not isinstance(part.get(field), str):
+                raise RequestError(f"{where}: a {kind} part needs a string `{field}`")
+            texts.append(part[field])
         elif kind in ("image_url", "input_image", "image", "input_audio", "file", "input_file"):
             raise RequestError(f"{where}: this model reads text only; remove the {kind} part")
-        elif "text" in part:  # text the model would never read: say so rather than drop it
+        else:  # a part the model would never read: say so rather than drop it
             raise RequestError(f"{where}: unknown content part type {kind!r}; text goes in a \"text\" part")
-        # Other part kinds without text (cache hints, reasoning summaries) carry no prompt text.
     return "".join(texts)
 
 
@@ -60,9 +61,11 @@ def parse_arguments(arguments: Any, where: str) -> dict:
     raise RequestError(f"{where}: tool call arguments must be a JSON object")
 
 
-def assistant_call(call_id: str | None, name: Any, arguments: Any, where: str) -> dict:
+def assistant_call(call_id: Any, name: Any, arguments: Any, where: str) -> dict:
     if not isinstance(name, str) or not name:
         raise RequestError(f"{where}: a tool call needs a `name`")
+    if call_id is not None and not isinstance(call_id, str):
+        raise RequestError(f"{where}: a tool call's `id` must be a string")
     return {"id": call_id or "", "type": "function",
             "function": {"name": name, "arguments": parse_arguments(arguments, where)}}
 
@@ -94,8 +97,6 @@ def openai_messages(messages: Any) -> list[dict]:
                 if not isinstance(fn, dict):
                     raise RequestError(f"{where}.tool_calls entries need a `function` object")
                 call_id = call.get("id")
-                if call_id is not None and not isinstance(call_id, str):
-                    raise RequestError(f"{where}.tool_calls entries' `id` must be a string")
                 item["tool_calls"].append(assistant_call(call_id, fn.get("name"), fn.get("arguments"), where))
                 names[call_id] = fn.get("name")
         if role == "tool":
@@ -114,6 +115,9 @@ def function_tool(name: Any, description: Any, parameters: Any, where: str) -> d
         raise RequestError(f"{where}: a tool needs a `name`")
     if parameters is not None and not isinstance(parameters, dict):
         raise RequestError(f"{where}: tool parameters must be a JSON schema object")
+    if parameters and parameters.get("type", "object") != "object":
+        raise RequestError(f"{where}: tool parameters must be a JSON schema of type \"object\" "
+                           "(a call's arguments are an object)")
     return {"type": "function", "function": {
         "name": name, "description": description if isinstance(description, str) else "",
         "parameters": parameters or {"type": "object", "properties": {}}}}

@@ -187,8 +187,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
             outputs.keep_alive = stream.comment
             async for out in outputs:
                 if isinstance(out, Text) and out.text:
+                    logprobs = _legacy_logprobs(backend, out.logprobs) if out.logprobs else None
                     await stream.send({**meta, "choices": [{"index": 0, "text": out.text,
-                                                            "logprobs": None, "finish_reason": None}]})
+                                                            "logprobs": logprobs, "finish_reason": None}]})
                 elif isinstance(out, Done) and out.reason == "error":  # as the chat stream reports it
                     await stream.send({"error": {"message": out.error or "generation failed",
                                                  "type": "server_error", "param": None, "code": None}})
@@ -200,16 +201,18 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return await stream.close()
     result = await backend.complete(chat)
     result.raise_for_failure()
-    logprobs = None
-    if sampling.logprobs:
-        logprobs = {"tokens": [backend.token_text(lp.token) for lp in result.logprobs],
-                    "token_logprobs": [lp.logprob for lp in result.logprobs],
-                    "top_logprobs": [{backend.token_text(t): p for t, p in lp.top}
-                                     for lp in result.logprobs]}
+    logprobs = _legacy_logprobs(backend, result.logprobs) if sampling.logprobs else None
     return web.json_response({**meta, "choices": [{
         "index": 0, "text": result.text, "logprobs": logprobs,
         "finish_reason": _FINISH.get(result.done.reason, "stop")}],
         "usage": usage_json(result.done.usage)})
+
+
+def _legacy_logprobs(backend: Backend, logprobs: list[TokenLogprob]) -> dict:
+    """/v1/completions' logprobs: parallel lists of tokens, their logprobs and alternatives."""
+    return {"tokens": [backend.token_text(lp.token) for lp in logprobs],
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{backend.token_text(t): p for t, p in lp.top} for lp in logprobs]}
 
 
 async def models(request: web.Request) -> web.Response:

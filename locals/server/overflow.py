@@ -59,7 +59,7 @@ def policy_of_truncation(value) -> str | None:
     """The policy a request's `truncation` field asks for (None: the server's own)."""
     if value is None:
         return None
-    if value not in TRUNCATION:
+    if not isinstance(value, str) or value not in TRUNCATION:
         raise RequestError("`truncation` must be \"auto\" (drop the oldest tool results when the "
                            "conversation outgrows the context) or \"disabled\"")
     return TRUNCATION[value]
@@ -89,6 +89,11 @@ def refusal(prompt: int, context: int) -> str:
     return (f"the prompt is {prompt} tokens but the model's context is {context} (overflow policy "
             "`refuse`); shorten the conversation, or let the server drop the oldest tool results: "
             "start it with `locals start --overflow trim`, or send `\"truncation\": \"auto\"` with the request")
+
+
+def raw_refusal(prompt: int, context: int) -> str:
+    return (f"the prompt is {prompt} tokens but the model's context is {context}; a raw prompt is the "
+            "client's own text and is never trimmed: shorten it")
 
 
 def unfittable(prompt: int, context: int, kept: int) -> str:

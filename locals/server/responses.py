@@ -47,9 +47,12 @@ def input_messages(body: dict) -> list[dict]:
         if not isinstance(item, dict):
             raise RequestError(f"{where} must be an object")
         kind = item.get("type", "message")
+        if not isinstance(kind, str):
+            raise RequestError(f"{where}.type must be a string")
         if kind == "message":
-            role = {"developer": "system"}.get(item.get("role"), item.get("role"))
-            if role not in ("system", "user", "assistant"):
+            role = item.get("role")
+            role = "system" if role == "developer" else role
+            if not isinstance(role, str) or role not in ("system", "user", "assistant"):
                 raise RequestError(f"{where}.role must be system, developer, user or assistant")
             messages.append({"role": role, "content": text_of(item.get("content"), where)})
         elif kind in ("function_call", "custom_tool_call"):
@@ -61,9 +64,13 @@ def input_messages(body: dict) -> list[dict]:
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id") or "",
-                             "name": names.get(item.get("call_id"), ""),
+            call_id = item.get("call_id")
+            if call_id is not None and not isinstance(call_id, str):
+                raise RequestError(f"{where}.call_id must be a string")
+            messages.append({"role": "tool", "tool_call_id": call_id or "", "name": names.get(call_id, ""),
                              "content": _output_text(item.get("output"))})
+        elif "role" in item:  # a message under a misspelt type would be lost: say so
+            raise RequestError(f"{where}: unknown input item type {kind!r}; a message's type is \"message\"")
         # reasoning, web_search_call and other items carry nothing the model reads again
     if not messages:
         raise RequestError("`input` is empty; send at least one message")

@@ -85,6 +85,7 @@ async def cors_headers(request: web.Request, response: web.StreamResponse) -> No
     origin = request.headers.get("Origin")
     if origin and origin_allowed(origin):
         response.headers["Access-Control-Allow-Origin"] = origin
-        response.headers["Access-Control-Allow-Headers"] = "*"
+        # Named back, not "*": a wildcard never covers `Authorization` (the Fetch standard).
+        response.headers["Access-Control-Allow-Headers"] = request.headers.get("Access-Control-Request-Headers", "*")
         response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
         response.headers["Vary"] = "Origin"

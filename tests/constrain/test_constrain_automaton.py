@@ -75,6 +75,23 @@ def test_tool_choice_none_and_no_tools_give_no_constraint(smollm2):
     assert build_constraint(smollm2) is None
 
 
+def test_a_response_schema_beside_tools_on_auto_holds_the_reply_or_allows_calls(smollm2):
+    tok, eos = smollm2.tokenizer, smollm2.tokenizer.eos_token_id
+    call = '<tool_call>\n{"name": "run", "arguments": {"command": "ls"}}\n</tool_call>'
+    for text in ('{"name": "Ann", "age": 31}', call):
+        c = build_constraint(smollm2, tools=TOOLS, json_schema=PERSON)
+        feed(c, text, tok)
+        assert c.is_complete() and allowed(c.mask(), eos), text
+    for text in ("Hello", '{"name": "Ann"}', '<tool_call>\n{"name": "delete"'):
+        c = build_constraint(smollm2, tools=TOOLS, json_schema=PERSON)
+        with pytest.raises(AssertionError):
+            feed(c, text, tok)
+            assert allowed(c.mask(), eos)  # a prefix the schema allows must not be allowed to end
+    # "required" leaves no reply for the schema: calls only.
+    assert isinstance(build_constraint(smollm2, tools=TOOLS, tool_choice="required", json_schema=PERSON),
+                      ToolCallConstraint)
+
+
 def test_auto_mode_is_free_until_the_marker(smollm2):
     tok = smollm2.tokenizer
     c = build_constraint(smollm2, tools=TOOLS)

@@ -100,6 +100,8 @@ def test_optional_properties_keep_json_dumps_spacing():
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 1}, "'minProperties'"),
     ({"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "minimum": 5,
       "exclusiveMinimum": True}, "'exclusiveMinimum'"),
+    ({"type": "object", "properties": {"x": {"type": "number", "maximum": 1}}}, "'maximum'"),
+    ({"type": ["number", "null"], "exclusiveMinimum": 0}, "'exclusiveMinimum'"),
     ({"type": "object", "required": ["x"]}, "requires 'x'"),
     ({"type": "object", "properties": {"y": {"type": "integer"}}, "required": ["x"]}, "requires 'x'"),
     ({"enum": []}, "empty 'enum'"),
@@ -128,9 +130,11 @@ def test_required_names_defined_in_branches_are_not_refused():
 
 def test_a_response_format_keeps_what_it_can_enforce():
     ok = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
-                                                    "uniqueItems": False}},
-          "required": ["tags"], "allOf": [{"required": ["tags"]}]}
-    assert re.fullmatch(schema_regex(ok, label="r", strict=True), '{"tags": ["a", "b"]}')
+                                                    "uniqueItems": False},
+                                           "n": {"type": "integer", "minimum": 1, "maximum": 5}},
+          "required": ["tags", "n"], "allOf": [{"required": ["tags"]}]}
+    regex = schema_regex(ok, label="r", strict=True)
+    assert re.fullmatch(regex, '{"tags": ["a", "b"], "n": 5}') and not re.fullmatch(regex, '{"tags": [], "n": 6}')
 
 
 def test_a_reference_to_itself_is_refused_not_a_crash():

@@ -39,6 +39,48 @@ def test_stop_text_names_the_string_that_matched_first():
     assert StopText(["END"]).matched is None
 
 
+def test_stop_text_never_matches_text_fed_unwatched():
+    st = StopText(["Paris"])
+    assert st.feed("I check Par") == "I check "
+    # A tool call opens: the held-back tail goes out, and the call's text is never matched.
+    assert st.feed('<call>{"city": "Paris"}', watched=False) == 'Par<call>{"city": "Paris"}'
+    assert st.feed("</call>", watched=False) == "</call>" and not st.hit
+    # Free text after it is watched again, but never across into the unwatched text.
+    assert st.feed("is") == "is" and not st.hit
+    assert st.feed(" Paris") == " " and st.hit
+
+
+@pytest.mark.model
+def test_a_stop_string_never_cuts_a_tool_call_on_the_embedded_model(smollm2):
+    import json
+
+    from locals.engine.constrain import build_constraint
+    from locals.engine.engine import Engine
+    from locals.engine.settings import EngineConfig
+    from locals.protocol import GenerationRequest, SamplingParams
+    from tests.helpers.engine_runs import Collector
+
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+    prompt = smollm2.tokenizer.apply_chat_template([{"role": "user", "content": "Read main.py"}],
+                                                   add_generation_prompt=True)
+    engine = Engine(smollm2, EngineConfig(prefix_cache_bytes=0))
+    engine.start()
+    try:
+        c = Collector()
+        rid = c.submit(engine, GenerationRequest(prompt, SamplingParams(max_tokens=48, stop=['"', "{", "path"]),
+                                                 constraint=build_constraint(smollm2, tools=tools,
+                                                                             tool_choice="required",
+                                                                             max_tokens=48)))
+        c.wait(300)
+    finally:
+        engine.stop()
+    text = c.text(rid)
+    body = text.split("<tool_call>", 1)[1].split("</tool_call>", 1)[0]
+    assert json.loads(body)["name"] == "read_file" and "path" in json.loads(body)["arguments"]
+    assert c.finish(rid).detail == {}  # no stop string matched
+
+
 def test_a_continuation_keeps_its_first_leading_space(smollm2):
     from locals.engine.load.tokenizer import continuation_detokenizer
 

@@ -127,6 +127,16 @@ async def test_count_tokens(client):
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
         {"type": "image", "source": {}}]}]}]}, "text only"),
     ({"messages": [{"role": "user", "content": "x"}], "system": 5}, "`system` must be"),
+    # Wrongly typed fields inside blocks: 400s, not 500s.
+    ({"messages": [{"role": "user", "content": [{"type": {}, "text": "x"}]}]}, "string `type`"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": {"x": 1},
+                                                 "content": "ok"}]}]}, "`tool_use_id`"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": ["x"], "name": "f",
+                                                      "input": {}}]}]}, "`id`"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": "abc"}]}]}, "text only"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {"type": "text", "data": 1}}]}]},
+     "`data`"),
+    ({"messages": [{"role": "user", "content": "x"}], "truncation": {}}, "`truncation`"),
 ])
 async def test_errors_use_the_anthropic_shape(client, body, needle):
     resp = await client.post("/v1/messages", json=body)

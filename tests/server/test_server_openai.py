@@ -155,6 +155,17 @@ async def test_completions_plain_and_streamed(client, engine):
     assert text == "streamed text"
 
 
+async def test_completions_logprobs_plain_and_streamed(client, engine):
+    engine.replies = ["ab", "ab"]
+    plain = (await (await client.post("/v1/completions", json={"prompt": "x", "logprobs": 2})).json())
+    resp = await client.post("/v1/completions", json={"prompt": "x", "logprobs": 2, "stream": True})
+    chunks = [json.loads(d)["choices"][0] for _, d in sse_events(await resp.text())[:-1]]
+    streamed = [c["logprobs"] for c in chunks if c["text"]]
+    assert plain["choices"][0]["logprobs"]["tokens"] == ["a", "b"]
+    assert [t for lp in streamed for t in lp["tokens"]] == ["a", "b"]
+    assert [p for lp in streamed for p in lp["token_logprobs"]] == plain["choices"][0]["logprobs"]["token_logprobs"]
+
+
 async def test_a_failed_generation_is_an_error_in_every_stream(client, engine):
     async def fails(request):
         from locals.protocol import FinishEvent, Usage
@@ -197,6 +208,11 @@ async def test_models_lists_the_loaded_model(client):
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "text only"),
     ({"messages": [{"role": "user", "content": [{"type": "weird", "text": "x"}]}]}, "'weird'"),
     ({"messages": [{"role": "user"}]}, "content is required"),
+    ({"messages": [{"role": "user", "content": [{"type": "foo"}]}]}, "'foo'"),
+    ({"messages": [{"role": "user", "content": [{"type": [], "text": "x"}]}]}, "`type`"),
+    ({"messages": [{"role": "user", "content": "x"}], "truncation": {}}, "`truncation`"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "string"}}}]}, 'of type "object"'),
     # Fields that would change the reply but are not applied: refused, not ignored; zeros pass (below).
     ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": "x"}, "`presence_penalty`"),
     ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 5}, "between -2 and 2"),

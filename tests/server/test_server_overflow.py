@@ -53,6 +53,14 @@ async def test_refuse_is_the_default_and_the_400_names_the_policy(served):
     assert "overflow policy `refuse`" in message and "--overflow trim" in message and '"truncation": "auto"' in message
 
 
+async def test_a_raw_prompt_past_the_context_is_refused_without_a_trim_hint(served):
+    client, engine, _ = served
+    resp = await client.post("/v1/completions", json={"prompt": "x" * (CONTEXT + 10), "truncation": "auto"})
+    message = (await resp.json())["error"]["message"]
+    assert resp.status == 400 and not engine.requests
+    assert "never trimmed" in message and "truncation" not in message and "--overflow" not in message
+
+
 async def test_trim_stubs_the_oldest_tool_results_and_keeps_the_rest(served, caplog):
     client, engine, _ = served
     with caplog.at_level(logging.WARNING, logger="locals.server.backend"):

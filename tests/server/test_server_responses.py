@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.helpers.server_fakes import client, constraints, engine  # noqa: F401 (shared fixtures)
 from tests.helpers.server_fakes import events_of as shared_events_of
 
@@ -102,6 +104,19 @@ async def test_text_format_json_schema(client, engine, constraints):
     data = await (await client.post("/v1/responses", json=body)).json()
     assert data["output"][0]["content"][0]["text"] == '{"ok": true}'
     assert constraints.calls[0]["json_schema"] == {"type": "object"}
+
+
+@pytest.mark.parametrize("items, needle", [
+    ([{"role": ["user"], "content": "hi"}], ".role"),
+    ([{"role": "user", "content": "hi"}, {"type": "function_call_output", "call_id": ["x"], "output": "ok"}],
+     ".call_id"),
+    ([{"role": "user", "content": "hi"}, {"type": "function_call", "call_id": {}, "name": "f"}], "`id`"),
+    ([{"type": "mesage", "role": "user", "content": "hi"}], "'mesage'"),
+    ([{"type": 5}], ".type"),
+])
+async def test_wrongly_typed_input_items_are_400s(client, items, needle):
+    resp = await client.post("/v1/responses", json={"input": items})
+    assert resp.status == 400 and needle in (await resp.json())["error"]["message"]
 
 
 async def test_bad_input_is_a_400_before_streaming(client):

@@ -56,8 +56,10 @@ async def test_foreign_origin_is_refused_and_local_origin_gets_cors(client):
     assert resp.status == 200 and resp.headers["Access-Control-Allow-Origin"] == "http://localhost:5173"
     await resp.read()
     resp = await client.options("/v1/chat/completions", headers={
-        "Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST"})
+        "Origin": "http://localhost:5173", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
     assert resp.status == 204 and resp.headers["Access-Control-Allow-Origin"] == "http://localhost:5173"
+    assert resp.headers["Access-Control-Allow-Headers"] == "authorization, content-type"  # "*" omits Authorization
     resp = await client.options("/v1/chat/completions", headers={"Origin": "https://evil.example"})
     assert resp.status == 403
 

@@ -71,6 +71,20 @@ def _fits_budget(constraint, max_tokens: int | None, what: str):
     return constraint
 
 
+def _reply_or_call(vocab, fmt, schemas: dict[str, dict], json_schema: dict, max_tokens: int | None,
+                   strict: bool) -> JsonConstraint:
+    """Tools on "auto" beside a response schema: the output is the schema's JSON value, or one
+    call. One automaton over both, without the tool head's lazy compile: a rare pairing (an
+    agent framework's typed output beside its tools)."""
+    reply = schema_regex(json_schema, label="the response JSON schema", strict=strict)
+    calls = "|".join(f"(?:{fmt.call_regex(name, fmt.arguments_regex(schema, f'tool {name!r} parameters'))})"
+                     for name, schema in schemas.items())
+    regex = f"(?:{reply})|(?:{calls})"
+    index = compiler.compile_regex(regex, vocab, label="the response JSON schema or a tool call")
+    constraint = JsonConstraint(index, DeviceRow(token_row(vocab, vocab.eos_ids)), max_tokens=max_tokens)
+    return _fits_budget(constraint, max_tokens, "the response JSON schema")
+
+
 def build_constraint(loaded, *, tools: list[dict] | None = None, tool_choice="auto",
                      json_schema: dict | None = None, parallel_tool_calls: bool = True,
                      max_tokens: int | None = None, strict_schema: bool = False):
@@ -78,7 +92,8 @@ def build_constraint(loaded, *, tools: list[dict] | None = None, tool_choice="au
 
     `tools` are OpenAI-shaped; `tool_choice` is "auto" (free text until a call starts),
     "required", "none" or a named function (exactly one call of it). `json_schema`
-    constrains the whole output to one JSON value (ignored while tools are constrained).
+    constrains the whole output to one JSON value; with tools on "auto", to that value or one
+    call ("required" and a named tool leave no reply to hold to it).
     With `max_tokens`, the last tokens are spent on the shortest valid completion, so an
     output cut off by the limit still parses (the constraint's `closed_by_budget` is then
     True). Raises RequestError naming the schema part that cannot be enforced or takes too long
@@ -98,6 +113,8 @@ def build_constraint(loaded, *, tools: list[dict] | None = None, tool_choice="au
                 return None  # calls are still parsed after generation, just not enforced
             raise RequestError(f"tool_choice {tool_choice!r} needs constrained tool calls, which the "
                                f"{loaded.tool_format!r} tool-call format of this model does not support")
+        if json_schema is not None and mode == "auto":
+            return _reply_or_call(vocab, fmt, schemas, json_schema, max_tokens, strict_schema)
         toolset = _tool_set(loaded, vocab, fmt, schemas)
         max_calls = 1 if named is not None or not parallel_tool_calls or not fmt.parallel else None
         constraint = ToolCallConstraint(toolset, required=mode == "required", max_calls=max_calls,

@@ -119,6 +119,9 @@ class _Rewriter:
         if node.get("uniqueItems") is True:
             used.append("uniqueItems")
         used += [key for key in ("exclusiveMinimum", "exclusiveMaximum") if isinstance(node.get(key), bool)]
+        kinds = node.get("type") if isinstance(node.get("type"), list) else [node.get("type")]
+        if "number" in kinds:  # integer bounds are enforced (integer_range), a number's are not
+            used += [key for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if key in node]
         if used:
             raise self.fail(path, f"uses '{used[0]}', which constrained decoding cannot enforce; remove it "
                                   "(and check the rule on the reply) or describe it in the description")

@@ -184,8 +184,15 @@ class Sequence:
 
     def _emit(self, token: int, logprob: TokenLogprob | None, forced: bool) -> None:
         self.detok.add_token(token)
-        text = self.stop_text.feed(self.detok.last_segment)
+        text = self.stop_text.feed(self.detok.last_segment, self._stops_watch)
         self.sink(TokenEvent(self.id, [token], text, [logprob] if logprob else None, forced))
+
+    @property
+    def _stops_watch(self) -> bool:
+        """Stop strings end free text only: a constrained output (a tool call, a JSON reply) runs
+        to its end, so it parses. The token that opens a tool call is read after the constraint
+        took it, so the opening markup is not watched either."""
+        return self.constraint is None or self.in_free_text
 
     def _append_closing(self, closing: list[int]) -> None:
         """The constraint's shortest way to a complete output, appended as forced tokens."""
@@ -229,7 +236,7 @@ class Sequence:
 
     def _finish_text(self, reason: FinishReason) -> None:
         self.detok.finalize()
-        tail = self.stop_text.feed(self.detok.last_segment) if not self.stop_text.hit else ""
+        tail = self.stop_text.feed(self.detok.last_segment, self._stops_watch) if not self.stop_text.hit else ""
         tail += self.stop_text.flush()
         if tail:
             self.sink(TokenEvent(self.id, [], tail))
