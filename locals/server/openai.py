@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from contextlib import aclosing
@@ -219,7 +220,8 @@ async def models(request: web.Request) -> web.Response:
     backend = backend_of(request)
     created = int(backend.activity.started)
     names = [f"locals/{backend.name}", backend.name]
-    if backend.model_id not in names:
+    # A repo id is a name clients know; a local folder's path is not listed (any name is served).
+    if backend.model_id not in names and not os.path.isabs(backend.model_id):
         names.append(backend.model_id)
     return web.json_response({"object": "list", "data": [
         {"id": n, "object": "model", "created": created, "owned_by": "locals"} for n in names]})

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tests.helpers.server_fakes import client, constraints, engine  # noqa: F401 (shared fixtures)
+from locals.server.state import STATE
 from tests.helpers.server_fakes import sse_events
 
 
@@ -183,7 +184,10 @@ async def test_a_failed_generation_is_an_error_in_every_stream(client, engine):
 async def test_models_lists_the_loaded_model(client):
     data = await (await client.get("/v1/models")).json()
     ids = [m["id"] for m in data["data"]]
-    assert ids[:2] == ["locals/fake", "fake"] and data["object"] == "list"
+    assert ids == ["locals/fake", "fake", "test/fake-model"] and data["object"] == "list"
+    client.server.app[STATE].backend.loaded.model_id = "/home/me/models/fake"  # weights from a folder
+    ids = [m["id"] for m in (await (await client.get("/v1/models")).json())["data"]]
+    assert ids == ["locals/fake", "fake"]  # a path is no name to pick
     one = await (await client.get("/v1/models/locals/fake")).json()
     assert one["id"] == "locals/fake" and one["object"] == "model"
 
