@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tests.helpers.server_fakes import client, constraints, engine  # noqa: F401 (shared fixtures)
 from locals.server.state import STATE
+from tests.helpers.server_fakes import client, constraints, engine  # noqa: F401 (shared fixtures)
 from tests.helpers.server_fakes import sse_events
 
 
