@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import typing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import platformdirs
 
 from locals import settings
+from locals.errors import LocalsError
 
 DEFAULT_PORT = 8321
 DEFAULT_HOST = "127.0.0.1"
@@ -69,8 +71,22 @@ def config_dir() -> Path:
 
 
 def _ensure(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LocalsError(unusable_folder(path, exc)) from None
     return path
+
+
+def data_roots() -> list[Path]:
+    """The folders locals writes its own files in (what an OSError there is about)."""
+    return [_root(kind) for kind in ("state", "cache", "log", "config")]
+
+
+def unusable_folder(path, exc: OSError) -> str:
+    """The one-line message for a data folder or file locals cannot write."""
+    return (f"cannot write {path} ({exc.strerror or exc}); make it writable, or set LOCALS_HOME "
+            "to a folder you can write")
 
 
 @dataclass
@@ -90,13 +106,31 @@ def _remembered_path() -> Path:
     return state_dir() / "remembered.json"
 
 
+def record_of(cls, data):
+    """A `cls` dataclass from a JSON object read back, or None when it is not one of ours: not an
+    object, a field of the wrong type, a port or pid out of range (a file edited by hand)."""
+    if not isinstance(data, dict):
+        return None
+    hints = typing.get_type_hints(cls)
+    values = {k: v for k, v in data.items() if k in hints}
+    if not all(isinstance(v, hints[k]) and not isinstance(v, bool) for k, v in values.items()):
+        return None
+    pid = values.get("pid")
+    if not 0 < values.get("port", 1) < 65536 or (pid is not None and pid <= 0):
+        return None
+    try:
+        return cls(**values)
+    except TypeError:  # a required field missing
+        return None
+
+
 def load_remembered() -> Remembered:
     """The remembered settings, or defaults when none (or unreadable)."""
     try:
         data = json.loads(_remembered_path().read_text())
-        return Remembered(**{k: v for k, v in data.items() if k in Remembered.__dataclass_fields__})
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError):
         return Remembered()
+    return record_of(Remembered, data) or Remembered()
 
 
 def save_remembered(settings: Remembered) -> None:

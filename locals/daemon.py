@@ -28,8 +28,8 @@ from typing import Callable
 import psutil
 
 from locals import settings
-from locals.config import (DEFAULT_HOST, DEFAULT_PORT, Remembered, load_remembered, log_dir, save_remembered,
-                           state_dir)
+from locals.config import (DEFAULT_HOST, DEFAULT_PORT, Remembered, load_remembered, log_dir, record_of,
+                           save_remembered, state_dir)
 from locals.errors import LocalsError
 
 SERVICE = "locals"  # how /health and /v1/locals/status name the server (never another one on the port)
@@ -75,9 +75,8 @@ def _record_path(port: int) -> Path:
 
 def read_record(port: int) -> ServerRecord | None:
     try:
-        data = json.loads(_record_path(port).read_text())
-        return ServerRecord(**{k: v for k, v in data.items() if k in ServerRecord.__dataclass_fields__})
-    except (OSError, ValueError, TypeError):
+        return record_of(ServerRecord, json.loads(_record_path(port).read_text()))
+    except (OSError, ValueError):
         return None
 
 
@@ -172,6 +171,13 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def unanswering_server(port: int) -> int | None:
+    """The pid of the recorded `locals serve` on `port` when it runs (it may not answer)."""
+    record = read_record(port)
+    pid = record.pid if record else None
+    return pid if pid and _alive(pid) and _is_our_server(pid, port) else None
 
 
 def _is_our_server(pid: int, port: int) -> bool:
@@ -392,7 +398,8 @@ def _wait_healthy(port: int, host: str, timeout: float, record: ServerRecord,
             raise LocalsError(f"the server stopped while starting; the end of {record.log}:\n"
                               f"{log_tail(port, since=log_start)}")
         time.sleep(0.25)
-    raise LocalsError(f"the server did not become ready within {timeout:.0f} s; see {record.log or 'its terminal'}")
+    raise LocalsError(f"the server did not become ready within {timeout:.0f} s (a first start loads and compiles "
+                      f"the model; `locals start --timeout` gives it longer); see {record.log or 'its terminal'}")
 
 
 def _exited(record: ServerRecord, proc: subprocess.Popen | None, started: bool) -> bool:

@@ -31,3 +31,7 @@ class TooLarge(RequestError):
 
 class DaemonNotRunning(LocalsError):
     """The daemon is not reachable; the message names `locals start`."""
+
+
+class ServerStopping(LocalsError):
+    """The server stopped under a request before its reply was finished: a 503, send it again."""

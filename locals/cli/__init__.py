@@ -7,7 +7,9 @@ only once its module is listed here and works.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+from pathlib import Path
 
 import typer
 
@@ -56,6 +58,7 @@ def main() -> None:
     from rich.markup import escape
 
     from locals.cli.common import console_err
+    from locals.config import unusable_folder
     from locals.errors import LocalsError
 
     try:
@@ -63,3 +66,19 @@ def main() -> None:
     except LocalsError as exc:
         console_err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
         sys.exit(1)
+    except OSError as exc:
+        if not _in_data_folders(exc.filename):
+            raise  # not about locals' own files: a bug, with its traceback
+        console_err.print(f"[red]error:[/red] {escape(unusable_folder(exc.filename, exc))}",
+                          soft_wrap=True, highlight=False)
+        sys.exit(1)
+
+
+def _in_data_folders(filename) -> bool:
+    """Whether a failed path is one of locals' own files (state, cache, logs, config)."""
+    from locals.config import data_roots
+
+    if not isinstance(filename, (str, os.PathLike)):
+        return False
+    path = Path(filename).absolute()
+    return any(path == root.absolute() or root.absolute() in path.parents for root in data_roots())

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from locals.cli.common import console_err
+from locals.cli.common import console_err, given
 from locals.errors import LocalsError
 
 TRAFFIC = "Served traffic (the default)"
@@ -46,6 +46,14 @@ def _report_path(out: Path | None) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise LocalsError(f"--out {out}: cannot create its folder ({exc.strerror}); pick a writable path") from None
+    existed = path.exists()
+    try:  # a report that cannot be written fails now, not after minutes of measuring
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise LocalsError(f"--out {path}: cannot write it ({exc.strerror}); pick a writable path") from None
+    if not existed:
+        path.unlink()
     return path
 
 
@@ -69,6 +77,7 @@ def _traffic_plan(agents: str, rounds: int, turns: int, time_scale: float, size_
 
 
 def bench(
+    ctx: typer.Context,
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model to measure (default: this machine's)."),
     rounds: int = typer.Option(3, "--rounds", "-r", min=1, help="Rounds (servers interleaved; medians over rounds)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o",
@@ -101,6 +110,7 @@ def bench(
     """How fast this machine serves coding agents, against mlx_lm.server and llama.cpp's server.
 
     Fresh servers on the same weights, agent-shaped traffic over HTTP, rounds interleaved; a JSON report keeps every request."""
+    _refuse_mixed_modes(ctx, engine)
     if engine:
         from locals.cli.bench_engine import engine_bench, parse_batches
 
@@ -117,6 +127,16 @@ def bench(
     peers = parse_peer_args(peer_args, wanted)
     path = _report_path(out)
     traffic_bench(model, plan_args, wanted, path, _check_quiet(force), peer_args=peers)
+
+
+def _refuse_mixed_modes(ctx: typer.Context, engine: bool) -> None:
+    """Options of the mode not run are refused, never silently ignored."""
+    traffic = given(ctx, "agents", "turns", "time_scale", "size_scale", "servers", "seed", "max_minutes", "peer_args")
+    in_process = given(ctx, "batches", "tokens", "prompt_len")
+    if engine and traffic:
+        raise LocalsError(f"{traffic[0]} shapes the served traffic, which --engine does not run: drop one of them")
+    if not engine and in_process:
+        raise LocalsError(f"{in_process[0]} is for --engine (decode timed in this process): add --engine or drop it")
 
 
 def register(app: typer.Typer) -> None:

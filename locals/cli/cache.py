@@ -12,6 +12,7 @@ from rich.table import Table
 from locals import settings
 from locals.cli.common import console
 from locals.config import cache_dir, kernel_checks_dir, kernels_dir
+from locals.errors import LocalsError
 
 cache_app = typer.Typer(help="Show or clear what locals keeps on disk across restarts: the prompt cache, compiled "
                              "tool/schema automata, compiled CUDA kernels and the kernel checks that passed.",
@@ -33,18 +34,17 @@ def list_cache() -> None:
 
     root = prompts_dir()
     table = Table(title=f"Prompt cache ({root})")
-    for col in ("model key", "tokens", "size", "last used"):
+    for col in ("model key", "file", "tokens", "size", "last used"):
         table.add_column(col)
     total = 0
-    for path in sorted(root.glob("*/*.kv")) if root.exists() else []:
+    for path in sorted(p for p in root.glob("*/*.kv") if p.is_file()) if root.is_dir() else []:
         header = read_header(path, None)
-        tokens = header.get("tokens") if header else None
         stat = path.stat()
         total += stat.st_size
         used = datetime.datetime.fromtimestamp(stat.st_mtime).strftime("%Y-%m-%d %H:%M")
-        # A damaged file is never loaded (its checksum fails); it is listed so `clear` can free it.
-        count = str(len(tokens)) if isinstance(tokens, list) else "[yellow]damaged[/yellow]"
-        table.add_row(path.parent.name, count, f"{stat.st_size / 2**20:.1f} MiB", used)
+        # A damaged file is never loaded (a server deletes it); it is listed so `clear` can free it.
+        count = str(len(header["tokens"])) if header else "[yellow]damaged[/yellow]"
+        table.add_row(path.parent.name, path.stem[:12], count, f"{stat.st_size / 2**20:.1f} MiB", used)
     console.print(table)
     automata, automata_bytes = _folder_size(_automata_dir())
     console.print(f"{total / 2**20:.1f} MiB of prompts; compiled tool/schema automata: {automata} files, "
@@ -87,15 +87,37 @@ def clear_cache(
 ) -> None:
     """Delete every cached prompt prefix, compiled automaton and kept kernel check (the server rebuilds
     what it needs)."""
-    size = 0
+    freed, failed = 0, []
     for root in (prompts_dir(), _automata_dir(), kernel_checks_dir(), *(_kernel_dirs() if kernels else [])):
-        size += _folder_size(root)[1]
-        shutil.rmtree(root, ignore_errors=True)
-    console.print(f"cleared {size / 2**20:.1f} MiB")
+        before = _folder_size(root)[1]
+        failed += _remove_tree(root)
+        freed += before - _folder_size(root)[1]
+    console.print(f"cleared {freed / 2**20:.1f} MiB")
     kept = sum(_folder_size(folder)[1] for folder in _kernel_dirs())
     if kept:
         console.print(f"kept {kept / 2**20:.1f} MiB of compiled CUDA kernels (`locals cache clear --kernels` "
                       "deletes them too; the next start compiles them again)")
+    if failed:
+        raise LocalsError(f"could not delete {len(failed)} cache path{'s' if len(failed) > 1 else ''} (first: "
+                          f"{failed[0]}); make the cache folder writable and run `locals cache clear` again")
+
+
+def _remove_tree(root: Path) -> list[str]:
+    """Delete `root` and everything in it as far as allowed; the paths that could not go."""
+    failed: list[str] = []
+
+    def note(_function, path, exc_info) -> None:
+        if not isinstance(exc_info[1], FileNotFoundError):  # gone meanwhile is gone
+            failed.append(path)
+
+    if root.is_symlink() or root.is_file():  # a file where the folder belongs: it goes too
+        try:
+            root.unlink()
+        except OSError:
+            failed.append(str(root))
+    elif root.exists():
+        shutil.rmtree(root, onerror=note)  # `onexc` from 3.12 on; 3.11 is supported
+    return failed
 
 
 def register(app: typer.Typer) -> None:

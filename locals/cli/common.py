@@ -37,3 +37,11 @@ def load_with_spinner(model: str | None):
         f"({loaded.backend.kind}, {loaded.weights_bytes / 1e6:.0f} MB)[/dim]"
     )
     return loaded
+
+
+def given(ctx, *names: str) -> list[str]:
+    """The options among parameter `names` that the user set (command line or environment), as flags."""
+    flags = {p.name: p.opts[0] for p in ctx.command.params}
+    # By name: typer carries its own copy of click, whose ParameterSource is not click's.
+    return [flags[n] for n in names
+            if getattr(ctx.get_parameter_source(n), "name", None) in ("COMMANDLINE", "ENVIRONMENT")]

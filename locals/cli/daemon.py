@@ -99,7 +99,10 @@ def stop(port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=655
                                            help="Port (default: the remembered one).")) -> None:
     """Stop the background server."""
     port = port or load_remembered().port
-    if daemon.stop(port):
+    with console.status(f"stopping locals on port {port} (replies in flight finish first; at most "
+                        f"{daemon.STOP_TIMEOUT_S} s)"):
+        stopped = daemon.stop(port)
+    if stopped:
         console.print(f"stopped locals on port {port}")
     else:
         console.print(f"locals is not running on port {port}")
@@ -131,6 +134,10 @@ def status(
         typer.echo(daemon.log_tail(port, lines))
         return
     snap = daemon.status(port)
+    stuck = daemon.unanswering_server(port) if snap is None else None
+    if stuck:
+        raise LocalsError(f"locals on port {port} (pid {stuck}) does not answer (still starting, stuck or paused); "
+                          f"`locals stop --port {port}` ends it")
     if snap is None and daemon.port_answers(port):
         raise LocalsError(f"port {port} is held by another program, not locals; start locals on another port "
                           "(`locals start --port N`) or stop that program")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 import shutil
 import signal
@@ -66,14 +67,15 @@ def run(
     if server and not server.startswith(("http://", "https://")):
         raise LocalsError(f"--server {server!r}: give the base URL with its scheme, e.g. http://127.0.0.1:8080/v1")
     base_url = server or _start_daemon(model, port)
+    exit_code = [130]  # 128 + the signal that stopped the run: SIGINT, or SIGTERM (_main sets 143)
     try:
-        report = asyncio.run(_main(options, base_url, model if server else None, json_out))
+        report = asyncio.run(_main(options, base_url, model if server else None, json_out, exit_code))
     except (KeyboardInterrupt, asyncio.CancelledError):
         message = "stopped: worktrees removed; unfinished parts left your project as it was"
         if json_out:  # a script reading --json gets JSON on every exit
             console.print_json(json.dumps({"ok": False, "stopped": True, "message": message}))
         console_err.print(f"[yellow]{message}[/yellow]")
-        raise typer.Exit(130) from None
+        raise typer.Exit(exit_code[0]) from None
     raise typer.Exit(0 if report.ok else 1)
 
 
@@ -104,10 +106,14 @@ def _check_runnable(check: str, directory: Path) -> None:
         raise LocalsError(f"--check {check!r}: its quotes do not close") from None
     if not first or first in _SHELL_WORDS or any(c in first for c in "$`;&|<>"):
         return
-    found = (directory / Path(first).expanduser()).exists() if "/" in first else shutil.which(first) is not None
+    path = directory / Path(first).expanduser()
+    found = path.exists() if "/" in first else shutil.which(first) is not None
     if not found:
         raise LocalsError(f"--check: `{first}` is not a command here (not on PATH, nor a file in {directory}); "
                           "fix the name or give its path")
+    if "/" in first and (path.is_dir() or not os.access(path, os.X_OK)):
+        raise LocalsError(f"--check: `{first}` is not executable; run `chmod +x {first}`, or name its "
+                          f"interpreter (`sh {first}`, `python3 {first}`)")
 
 
 def _start_daemon(model: str | None, port: int | None) -> str:
@@ -117,7 +123,7 @@ def _start_daemon(model: str | None, port: int | None) -> str:
         return ensure_server(model, port)
 
 
-async def _main(options, base_url: str, model: str | None, json_out: bool):
+async def _main(options, base_url: str, model: str | None, json_out: bool, exit_code: list[int]):
     from agents.display import LiveDisplay, print_summary
     from agents.events import fan_out
     from agents.report import TeamReporter
@@ -126,7 +132,12 @@ async def _main(options, base_url: str, model: str | None, json_out: bool):
 
     # SIGTERM cleans up like Ctrl-C: cancelling the main task runs the runner's finally blocks.
     main_task = asyncio.current_task()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+
+    def terminated() -> None:
+        exit_code[0] = 128 + signal.SIGTERM
+        main_task.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminated)
     # The server's dashboard shows the team while it works (a server without one is left alone).
     async with ChatClient(base_url, model=model, timeout_s=options.timeout_s) as client, \
             TeamReporter(base_url, options) as reporter:

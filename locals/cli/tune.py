@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from locals.cli.common import console, console_err, load_with_spinner, prepare_model_process, progress_bar
+from locals.cli.common import console, console_err, given, load_with_spinner, prepare_model_process, progress_bar
 from locals.errors import LocalsError
 
 
@@ -81,6 +81,7 @@ def print_table(table) -> None:
 
 
 def tune(
+    ctx: typer.Context,
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Tune this model's quantized layers."),
     shape: Optional[list[str]] = typer.Option(None, "--shape", help="Tune an OUTxIN layer shape instead (repeatable)."),
     bits: int = typer.Option(4, "--bits", help="Quantization bits for --shape (4 or 8)."),
@@ -105,6 +106,7 @@ def tune(
 
     # The device timer brackets chains MLX captures in one CUDA graph (tuning/clock.py): graphs on here.
     cuda_launch_settings(graphs=True)
+    _refuse_contradictions(ctx, report, shape)
     if report:
         _report()
         return
@@ -164,6 +166,19 @@ def _report() -> None:
     print_table(table)
     if not table_path(table.chip, table.mlx).exists():
         console_err.print("[dim]the table shipped with locals for this chip; `locals tune` times the pairs it lacks[/dim]")
+
+
+def _refuse_contradictions(ctx: typer.Context, report: bool, shape: list[str] | None) -> None:
+    """Options that would be ignored are refused, saying which."""
+    tuning = given(ctx, "model", "shape", "bits", "group_size", "dtype", "rows", "rounds", "only", "fresh")
+    if report and tuning:
+        raise LocalsError(f"--report only shows what is stored, it tunes nothing: drop {tuning[0]} or --report")
+    if shape and given(ctx, "model"):
+        raise LocalsError("--model and --shape: tune a model's layers or the shapes given, not both")
+    layer = given(ctx, "bits", "group_size", "dtype")
+    if not shape and layer:
+        raise LocalsError(f"{layer[0]} describes a --shape (a model's layers bring their own): add --shape OUTxIN "
+                          "or drop it")
 
 
 def _check_options(bits: int, dtype: str, group_size: int, rounds: int) -> None:

@@ -34,7 +34,10 @@ def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: boo
     disk = None
     if disk_cache and config.prefix_cache_bytes != 0:  # None: sized by the engine, never 0
         key = model_key(loaded.model_id, loaded.tokenizer, revision=loaded.info.get("revision", ""))
-        disk = DiskPrefixStore(cache_dir() / "prompts", key, disk_cache_bytes)
+        try:
+            disk = DiskPrefixStore(cache_dir() / "prompts", key, disk_cache_bytes)
+        except OSError as exc:  # an unusable cache folder costs the disk tier, never the server
+            log.warning("prompts are not cached on disk: %s (`locals cache clear` or LOCALS_HOME fixes it)", exc)
     engine = Engine(loaded, config, disk_prefix=disk, guards=[repetition_guard_factory(repetition)])
     _warm_constraints(loaded)
     return engine

@@ -10,7 +10,7 @@ import logging
 
 from aiohttp import web
 
-from locals.errors import RequestError
+from locals.errors import RequestError, ServerStopping
 from locals.server import (anthropic, dashboard, history, metrics, ollama, openai, responses, status,
                            team)
 from locals.server.wire import api_of, error_response
@@ -28,7 +28,7 @@ async def json_errors(request: web.Request, handler):
         return await handler(request)
     except RequestError as exc:
         return error_response(api, exc.status, str(exc))
-    except NotReady as exc:
+    except (NotReady, ServerStopping) as exc:
         return error_response(api, 503, str(exc))
     except web.HTTPException as exc:
         if exc.status < 400:

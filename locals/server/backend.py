@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Literal, Protocol
 
 from locals import toolloop
-from locals.errors import RequestError, TooLarge
+from locals.errors import RequestError, ServerStopping, TooLarge
 from locals.protocol import (EngineStats, Event, FinishEvent, FinishReason, GenerationRequest, SamplingParams,
                              TokenLogprob, Usage)
 from locals.server import overflow
@@ -116,6 +116,8 @@ class Completion:
         if self.done.reason == "memory":
             raise TooLarge(self.done.error or "this request can never fit in the memory budget; "
                            "shorten the prompt or lower max_tokens")
+        if self.done.reason == "error" and self.done.error == STOPPED_MESSAGE:
+            raise ServerStopping(STOPPED_MESSAGE)
         if self.done.reason == "error":
             raise RuntimeError(self.done.error or "the engine failed on this request")
 

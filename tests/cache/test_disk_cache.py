@@ -49,17 +49,17 @@ def test_foreign_model_file_is_discarded(tmp_path):
     assert not list(other.glob("*.kv"))
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip"])
-def test_damaged_file_is_discarded_not_loaded(tmp_path, damage):
-    store = DiskPrefixStore(tmp_path, "m", 10**8, min_tokens=1)
+def _stored_file(tmp_path, key="m"):
+    store = DiskPrefixStore(tmp_path, key, 10**8, min_tokens=1)
     store.save(list(range(20)), _kv(20))
     store.flush()
-    path = next((tmp_path / "m").glob("*.kv"))
+    return next((tmp_path / key).glob("*.kv"))
+
+
+def test_a_flipped_tensor_byte_is_found_at_load_and_the_file_deleted(tmp_path, caplog):
+    path = _stored_file(tmp_path)
     data = bytearray(path.read_bytes())
-    if damage == "truncate":
-        data = data[: len(data) - 100]
-    else:
-        data[len(data) // 2] ^= 0xFF
+    data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
     again = DiskPrefixStore(tmp_path, "m", 10**8, min_tokens=1)
     n, entry = again.longest(list(range(25)))
@@ -67,6 +67,37 @@ def test_damaged_file_is_discarded_not_loaded(tmp_path, damage):
     assert again.load(entry) is None  # ...but the checksum fails: discarded
     assert not path.exists() and again.longest(list(range(25))) == (0, None)
     assert decode(bytes(data), "m") is None
+    assert "deleting a damaged prompt-cache file" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["truncate", "length", "tokens", "directory"])
+def test_a_damaged_file_never_stops_a_start(tmp_path, damage, caplog):
+    path = _stored_file(tmp_path)
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":  # the header reads, the file is shorter than it says
+        path.write_bytes(bytes(data[: len(data) - 100]))
+    elif damage == "length":  # the header's length flipped to petabytes (was a MemoryError)
+        data[12 + 7] ^= 0x40
+        path.write_bytes(bytes(data))
+    elif damage == "tokens":  # a header without its tokens
+        path.write_bytes(bytes(data).replace(b'"tokens"', b'"tokenz"'))
+    else:  # a folder of that name: not ours, left alone
+        path.unlink()
+        path.mkdir()
+    again = DiskPrefixStore(tmp_path, "m", 10**8, min_tokens=1)
+    assert again.entries == {}
+    assert path.is_dir() if damage == "directory" else not path.exists()
+    assert damage == "directory" or "deleting a damaged prompt-cache file" in caplog.text
+
+
+def test_writes_go_on_after_the_folder_is_cleared_under_a_running_server(tmp_path):
+    import shutil
+
+    store = DiskPrefixStore(tmp_path, "m", 10**8, min_tokens=1)
+    shutil.rmtree(tmp_path / "m")  # `locals cache clear` while the server runs
+    store.save(list(range(20)), _kv(20))
+    store.flush()
+    assert len(list((tmp_path / "m").glob("*.kv"))) == 1
 
 
 def test_budget_evicts_least_recently_used(tmp_path):
@@ -171,6 +202,50 @@ def test_cache_cli_lists_and_clears(locals_home):
     cleared = runner.invoke(app, ["cache", "clear"])
     assert cleared.exit_code == 0 and "cleared" in cleared.output
     assert not list(prompts_dir().rglob("*.kv")) and not disk_folder().exists()
+
+
+def test_cache_clear_reports_what_it_could_not_delete(locals_home, monkeypatch):
+    import os
+
+    from typer.testing import CliRunner
+
+    from locals.cli import app
+    from locals.cli.cache import prompts_dir
+
+    store = DiskPrefixStore(prompts_dir(), "abc123", 10**8, min_tokens=1)
+    store.save(list(range(77)), _kv(77))
+    store.flush()
+    kept = next(prompts_dir().rglob("*.kv"))
+    real_unlink = os.unlink
+
+    def read_only(path, *args, **kwargs):  # as on a read-only mount (root ignores file modes)
+        if str(path) == str(kept) or str(path) == kept.name:
+            raise PermissionError(13, "Read-only file system", str(path))
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", read_only)
+    cleared = CliRunner().invoke(app, ["cache", "clear"])
+    assert cleared.exit_code == 1 and kept.exists()
+    assert "cleared 0.0 MiB" in cleared.output and "could not delete" in str(cleared.exception or cleared.output)
+
+
+def test_files_where_the_cache_folders_belong_cost_the_disk_tier_not_the_server(locals_home, tiny_llama, caplog):
+    import uuid
+
+    from typer.testing import CliRunner
+
+    from locals.cli import app
+    from locals.config import cache_dir
+    from locals.engine import build_constraint, create_engine
+
+    (cache_dir() / "prompts").write_text("not a folder")
+    (cache_dir() / "constraint").write_text("not a folder")
+    engine = create_engine(tiny_llama)
+    assert engine is not None and "prompts are not cached on disk" in caplog.text
+    schema = {"type": "object", "properties": {uuid.uuid4().hex[:8]: {"type": "integer"}}}
+    assert build_constraint(tiny_llama, json_schema=schema) is not None  # compiled, just not kept
+    assert CliRunner().invoke(app, ["cache", "clear"]).exit_code == 0
+    assert not (cache_dir() / "prompts").exists() and not (cache_dir() / "constraint").exists()
 
 
 def test_compiled_automata_on_disk_stay_under_their_cap(locals_home):

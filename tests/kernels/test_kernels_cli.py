@@ -46,6 +46,14 @@ def test_tune_bad_options_are_one_line_errors():
         assert args[-2] == "--shape" or proc.stderr.count("--") == 1  # only the option given is named
 
 
+def test_tune_refuses_options_it_would_ignore():
+    for args, needle in ((("--report", "--fresh"), "drop --fresh or --report"),
+                         (("--model", "smollm2", "--shape", "64x64"), "not both"),
+                         (("--bits", "8",), "--bits describes a --shape")):
+        proc = run_cli("tune", *args)
+        assert proc.returncode == 1 and needle in proc.stderr and "Traceback" not in proc.stderr, (args, proc.stderr)
+
+
 def test_status_says_what_compiling_ahead_has_done():
     from locals.cli.daemon import compiles_line
 

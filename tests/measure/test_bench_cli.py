@@ -103,7 +103,10 @@ def test_bench_bad_options_are_one_line_errors():
                          (("--engine", "--batches", "x"), "--batches"), (("--engine", "--tokens", "1"), "--tokens"),
                          (("--agents", "0,8"), "--agents"), (("--servers", "locals,vllm"), "--servers"),
                          (("--turns", "0"), "--turns 0: use at least 1"),
-                         (("--size-scale", "0"), "--size-scale 0: use more than 0")):
+                         (("--size-scale", "0"), "--size-scale 0: use more than 0"),
+                         (("--engine", "--agents", "2"), "--agents shapes the served traffic"),
+                         (("--servers", "llama.cpp", "--engine"), "--servers shapes the served traffic"),
+                         (("--batches", "1",), "--batches is for --engine")):
         proc = run_cli("bench", *args)
         assert proc.returncode == 1 and needle in proc.stderr, (args, proc.stderr)
         assert "Traceback" not in proc.stderr
@@ -123,6 +126,10 @@ def test_bench_out_may_be_a_folder_and_a_bad_one_fails_before_measuring(tmp_path
     (tmp_path / "file").write_text("x")
     with pytest.raises(LocalsError, match="--out"):
         _report_path(tmp_path / "file" / "r.json")  # its folder would be a file
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "gone" / "r.json")
+    with pytest.raises(LocalsError, match="cannot write"):
+        _report_path(tmp_path / "dangling.json")  # its folder exists, the file cannot be written
+    assert not (tmp_path / "new" / "r.json").exists()  # the probe leaves no empty report behind
 
 
 @pytest.mark.slow

@@ -68,7 +68,8 @@ def test_bad_input_is_refused_with_advice(tmp_path):
     assert result.exit_code != 0 and "http://" in str(result.exception)
     project = str(tmp_path / "project")
     for check, needle in (("pytset -q", "`pytset` is not a command"), ("  ", "--check is empty"),
-                          ("./run_tests.sh", "`./run_tests.sh` is not a command"), ("'open", "quotes")):
+                          ("./run_tests.sh", "`./run_tests.sh` is not a command"), ("'open", "quotes"),
+                          ("./README.md", "`./README.md` is not executable; run `chmod +x")):
         result = invoke("x", "--dir", project, "--check", check, "--server", "http://127.0.0.1:9")
         assert result.exit_code != 0 and needle in str(result.exception), (check, result.exception)
     for args, needle in ((["  "], "the task is empty"), (["x", "--port", "8400"], "--port names the locals daemon"),
@@ -76,12 +77,16 @@ def test_bad_input_is_refused_with_advice(tmp_path):
         result = invoke(*args, "--dir", project, "--server", "http://127.0.0.1:9")
         assert result.exit_code != 0 and needle in str(result.exception), (args, result.exception)
     from locals.cli.run import _check_runnable
+    script = tmp_path / "project" / "check.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o755)
     for fine in ("python3 -m pytest -q", "CI=1 python3 -m pytest", "cd sub && make test", "test -f README.md",
-                 f"{sys.executable} -m pytest", "./README.md"):
+                 f"{sys.executable} -m pytest", "./check.sh", "sh ./README.md"):
         _check_runnable(fine, tmp_path / "project")
 
 
-def test_ctrl_c_in_a_real_process_cleans_up(tmp_path, locals_home):
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_in_a_real_process_cleans_up(tmp_path, locals_home, stop_signal):
     project = make_project(tmp_path)
     fake = FakeOpenAI(coder(good_agents={0}), delay_s=60)
     with fake.in_thread() as url:
@@ -97,14 +102,14 @@ def test_ctrl_c_in_a_real_process_cleans_up(tmp_path, locals_home):
         while len(fake.requests) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert len(worktrees(project)) == 3
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop_signal)
         try:
             out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
             raise AssertionError(f"the run did not stop within 60 s of Ctrl-C; its stderr:\n{err[-3000:]}") from None
-    assert proc.returncode == 130, err
+    assert proc.returncode == 128 + stop_signal, err  # 130 after Ctrl-C, 143 after SIGTERM
     stopped = json.loads(out)  # --json: JSON on stdout even when stopped
     assert stopped["ok"] is False and stopped["stopped"] and stopped["message"] in err
     assert len(worktrees(project)) == 1

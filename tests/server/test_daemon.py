@@ -133,3 +133,15 @@ def test_asking_for_a_model_that_cannot_be_had_keeps_the_running_server(monkeypa
     gguf.write_bytes(b"GGUF")
     daemon.ensure_running(str(gguf), 18561)  # on disk: the server restarts with it
     assert stopped == [18561] and started == [str(gguf)]
+
+
+@pytest.mark.parametrize("text", ["[]", '{"port": "abc"}', '{"port": null}', '{"port": 0}', "{not json"])
+def test_state_files_edited_by_hand_are_read_as_absent(locals_home, text):
+    from locals.config import load_remembered, state_dir
+
+    (state_dir() / "remembered.json").write_text(text)
+    assert load_remembered().port == 8321
+    for record in ("[]", '{"port": 18770, "pid": -1}', '{"port": 18770, "pid": "7"}'):
+        (state_dir() / "server-18770.json").write_text(record)
+        assert daemon.read_record(18770) is None
+        assert daemon.stop(18770) is False  # nothing runs there: no traceback, no signal

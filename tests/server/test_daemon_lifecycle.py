@@ -117,6 +117,26 @@ def test_stop_and_status_name_a_server_still_running_on_another_port():
     assert daemon.other_servers(18642) == []  # its record stays, its process is gone
 
 
+def test_status_of_a_recorded_server_that_does_not_answer_says_so():
+    from typer.testing import CliRunner
+
+    from locals.cli import app
+
+    # A `locals serve` that is alive but silent (paused with SIGSTOP, hung, or not listening yet).
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "locals", "serve",
+                             "--port", "18643"])
+    try:
+        time.sleep(0.3)
+        daemon.write_record(daemon.ServerRecord(port=18643, pid=proc.pid))
+        status = CliRunner().invoke(app, ["status", "--port", "18643"])
+        message = str(status.exception)
+        assert status.exit_code == 1 and f"(pid {proc.pid}) does not answer" in message
+        assert "`locals stop --port 18643`" in message and "another program" not in message
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_start_while_the_model_loads_waits_until_it_serves():
     ready_at = time.monotonic() + 1.5
 

@@ -42,7 +42,7 @@ async def test_openai_stream_ends_in_an_error_not_a_finish(client):
 
 async def test_openai_reply_is_a_server_error(client):
     resp = await client.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
-    assert resp.status >= 500 and STOPPED_MESSAGE in (await resp.json())["error"]["message"]
+    assert resp.status == 503 and STOPPED_MESSAGE in (await resp.json())["error"]["message"]
 
 
 async def test_anthropic_stream_ends_in_an_error(client):

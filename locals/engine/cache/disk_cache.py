@@ -104,18 +104,35 @@ def _file_parts(key: str, tokens: list[int], kv: list[tuple[np.ndarray, np.ndarr
 
 
 def read_header(path: Path, key: str | None) -> dict | None:
-    """The file's header if it has our magic and model key, any key when None (tensors not read or checked)."""
+    """The file's header if it has our magic and model key (any key when None) and the file is
+    as long as the header says; the tensors are not read or checked."""
     try:
         with open(path, "rb") as f:
+            file_size = os.fstat(f.fileno()).st_size
             if f.read(len(MAGIC)) != MAGIC:
                 return None
             size = int.from_bytes(f.read(8), "little")
+            if size > file_size:  # a damaged length: never allocate it
+                return None
             header = json.loads(f.read(size))
     except (OSError, ValueError):
         return None
-    if not isinstance(header, dict):
+    if not isinstance(header, dict) or _file_size(header, size) != file_size:
         return None
     return header if key is None or header.get("model_key") == key else None
+
+
+def _file_size(header: dict, head_size: int) -> int | None:
+    """The size a file with this header has (None: the header is not one of ours)."""
+    tokens, shapes, dtype = header.get("tokens"), header.get("shapes"), header.get("dtype")
+    if not isinstance(tokens, list) or not isinstance(shapes, list) or dtype not in _DTYPES:
+        return None
+    itemsize = np.dtype(_DTYPES[dtype][1]).itemsize
+    try:
+        tensors = sum(int(np.prod(shape)) * itemsize for pair in shapes for shape in pair)
+    except (TypeError, ValueError):
+        return None
+    return len(MAGIC) + 8 + head_size + tensors + 32
 
 
 def decode(data, key: str) -> tuple[list[int], list[LayerKV]] | None:
@@ -244,8 +261,11 @@ class DiskPrefixStore:
 
     def _scan(self) -> None:
         for path in self.dir.glob("*.kv"):
+            if not path.is_file():
+                continue  # not a file this cache wrote: left alone
             header = read_header(path, self.key)
             if header is None:
+                log.warning("deleting a damaged prompt-cache file: %s", path)
                 path.unlink(missing_ok=True)
                 continue
             self.entries[path.stem] = DiskEntry(path, np.asarray(header["tokens"], np.int64), path.stat().st_size)
@@ -282,6 +302,7 @@ class DiskPrefixStore:
             data = b""
         decoded = decode(data, self.key)
         if decoded is None or not np.array_equal(np.asarray(decoded[0], np.int64), entry.tokens):
+            log.warning("deleting a damaged prompt-cache file (its checksum fails): %s", entry.path)
             self._forget(entry.path.stem, delete=True)
             return None
         os.utime(entry.path)  # recently used
@@ -372,8 +393,8 @@ class DiskPrefixStore:
             tokens, host, dtype = self._queue.get()
             try:
                 self._write(tokens, host, dtype)
-            except OSError:
-                pass  # a full disk must never take the engine down; the prefix stays in memory
+            except OSError as exc:  # a full disk must never take the engine down
+                log.warning("a prompt-cache file was not written (%s); the prefix stays in memory", exc)
             finally:
                 self._forget_queued(tokens)
                 self._queue.task_done()
@@ -385,6 +406,7 @@ class DiskPrefixStore:
     def _write(self, tokens, host, dtype) -> None:
         name = self.name_of(tokens)
         final = self.dir / f"{name}.kv"
+        self.dir.mkdir(parents=True, exist_ok=True)  # again: `locals cache clear` may have removed it
         size = write_atomically(final, _file_parts(self.key, tokens, host, dtype))
         arr = np.asarray(tokens, np.int64)
         with self._lock:

@@ -81,8 +81,8 @@ def _disk_path(key: str):
 
 
 def _load_disk(key: str) -> outlines_core.Index | None:
-    path = _disk_path(key)
     try:
+        path = _disk_path(key)
         payload = _unsealed(path.read_bytes())
         if payload is None:  # cut short or damaged on the disk: rebuilt, and the file goes
             log.warning("deleting a damaged constraint cache entry %s", key)
