@@ -14,7 +14,7 @@ from pathlib import Path
 import platformdirs
 
 from locals import settings
-from locals.errors import LocalsError
+from locals.errors import UnusableFolder
 
 DEFAULT_PORT = 8321
 DEFAULT_HOST = "127.0.0.1"
@@ -74,7 +74,7 @@ def _ensure(path: Path) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise LocalsError(unusable_folder(path, exc)) from None
+        raise UnusableFolder(unusable_folder(path, exc)) from None
     return path
 
 

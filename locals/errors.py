@@ -35,3 +35,8 @@ class DaemonNotRunning(LocalsError):
 
 class ServerStopping(LocalsError):
     """The server stopped under a request before its reply was finished: a 503, send it again."""
+
+
+class UnusableFolder(LocalsError, OSError):
+    """A data folder locals cannot create or write: a one-line message for the CLI, and still an
+    OSError to the code that falls back without the folder (a cache left off)."""

@@ -8,6 +8,7 @@ what `locals start` shows the user.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import threading
@@ -165,6 +166,9 @@ def _let_loading_finish(grace_s: float) -> None:
     deadline = time.monotonic() + grace_s
     for thread in list(_LOADERS):
         thread.join(max(0.0, deadline - time.monotonic()))
+    # What the load left (a model's weights in reference cycles) is freed now, while MLX is whole:
+    # freed by a collection on another thread during the process's exit, MLX aborted it the same way.
+    gc.collect()
 
 
 def _settle(future: asyncio.Future, result, exc) -> None:

@@ -45,4 +45,6 @@ def test_a_real_server_stopped_at_any_moment_of_its_load_exits_cleanly(tmp_path)
         time.sleep(delay)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0 and "terminate called" not in out, (delay, out[-500:])
+        # 0: stopped cleanly; -SIGTERM: the signal came while Python still imported (a busy machine),
+        # before locals handles it, so nothing had started. Never SIGABRT (MLX torn down under a thread).
+        assert proc.returncode in (0, -signal.SIGTERM) and "terminate called" not in out, (delay, out[-500:])

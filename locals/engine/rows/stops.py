@@ -2,7 +2,7 @@
 
 The stop text itself is never emitted; text after it is dropped. Text fed unwatched (a
 constrained output: a tool call, a JSON reply) is streamed at once and never matched, so a stop
-string never cuts an output that must parse (docs/serve.md, "Stop sequences").
+string never cuts an output that must parse (docs/serve.md, "APIs").
 """
 
 from __future__ import annotations
