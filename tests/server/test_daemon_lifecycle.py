@@ -3,6 +3,7 @@ server locals did not start, another program's JSON, two starts at once, the rem
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -96,24 +97,32 @@ def test_our_server_is_recognised_by_its_command_and_port():
         proc.wait()
 
 
+@contextlib.contextmanager
+def silent_serve(port: int):
+    """A recorded process whose command line is `locals serve --port PORT` that never answers
+    (as a server paused with SIGSTOP, hung, or not listening yet)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "locals", "serve",
+                             "--port", str(port)])
+    try:
+        time.sleep(0.3)
+        daemon.write_record(daemon.ServerRecord(port=port, pid=proc.pid))
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_stop_and_status_name_a_server_still_running_on_another_port():
     from typer.testing import CliRunner
 
     from locals.cli import app
 
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "locals", "serve",
-                             "--port", "18641"])
-    try:
-        time.sleep(0.3)
-        daemon.write_record(daemon.ServerRecord(port=18641, pid=proc.pid))
+    with silent_serve(18641):
         assert daemon.other_servers(18642) == [18641] and daemon.other_servers(18641) == []
         stopped = CliRunner().invoke(app, ["stop", "--port", "18642"])
         assert "locals still runs on port 18641: `locals stop --port 18641`" in stopped.output
         status = CliRunner().invoke(app, ["status", "--port", "18642"])
         assert "it runs on port 18641 (`locals status --port 18641`)" in str(status.exception)
-    finally:
-        proc.kill()
-        proc.wait()
     assert daemon.other_servers(18642) == []  # its record stays, its process is gone
 
 
@@ -122,19 +131,11 @@ def test_status_of_a_recorded_server_that_does_not_answer_says_so():
 
     from locals.cli import app
 
-    # A `locals serve` that is alive but silent (paused with SIGSTOP, hung, or not listening yet).
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "locals", "serve",
-                             "--port", "18643"])
-    try:
-        time.sleep(0.3)
-        daemon.write_record(daemon.ServerRecord(port=18643, pid=proc.pid))
+    with silent_serve(18643) as proc:
         status = CliRunner().invoke(app, ["status", "--port", "18643"])
         message = str(status.exception)
         assert status.exit_code == 1 and f"(pid {proc.pid}) does not answer" in message
         assert "`locals stop --port 18643`" in message and "another program" not in message
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_start_while_the_model_loads_waits_until_it_serves():
