@@ -236,11 +236,24 @@ def _answered(f: Result) -> bool:
     return all(answered(p) >= ours - int(n) for p in PEERS if p in f.data.get("summary", {}))
 
 
+def _even(f: Result) -> bool:
+    """False where a server began on an empty kernel folder and did fewer rounds than another (the
+    time limit cut it): its median then mixes its cold round with fewer warm ones than the other's."""
+    held = f.data.get("kernel_folders")
+    if not isinstance(held, dict):
+        return True
+    done = {server: max((s.get("n", 0) for group in figures.values() for s in group.values()
+                         if isinstance(s, dict)), default=0) for server, figures in f.data.get("summary", {}).items()}
+    most = max(done.values(), default=0)
+    return not any(done.get(server, most) < most for server, kept in held.items() if not kept)
+
+
 def _shown(files: list[Result]) -> list[Result]:
     """The reports one may show (oldest first): of warm rounds (`_warm_first`), and of those the ones
-    whose peers answered (`_answered`) where any did."""
+    whose peers answered (`_answered`) and whose medians compare (`_even`) where any do."""
     warm = _warm_first(files)
-    return [f for f in warm if _answered(f)] or warm
+    answered = [f for f in warm if _answered(f)] or warm
+    return [f for f in answered if _even(f)] or answered
 
 
 def newest_served(results: list[Result], device: str, model: str) -> Result | None:

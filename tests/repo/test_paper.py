@@ -285,6 +285,26 @@ def test_a_report_whose_peer_died_mid_phase_is_no_headline():
     assert newest_served([died], "gpu", "qwen3-4b") is died  # unless it is all there is
 
 
+def test_a_cold_report_whose_peer_lost_a_round_is_no_headline():
+    from paper.results import Result
+    from paper.sections_served import newest_served
+
+    def report(day: int, peer_rounds: int, kernels: dict) -> Result:
+        def figures(n: int) -> dict:
+            return {"8": {"wait_s": {"median": 1.0, "min": 1.0, "max": 1.0, "n": n}}}
+
+        return Result(Path(f"serve_traffic-gpu-202601{day:02d}-000000.json"),
+                      {"model": "qwen3-4b", "rounds": 3, "agents": [8], "kernel_folders": kernels,
+                       "summary": {"locals": figures(3), "mlx_lm.server": figures(peer_rounds)}, "runs": {}})
+
+    warm_cut = report(1, 2, {"locals": 50, "mlx_lm.server": 39})  # warm starts: its two rounds compare
+    cold_whole = report(2, 3, {"locals": 0, "mlx_lm.server": 0})
+    cold_cut = report(3, 2, {"locals": 0, "mlx_lm.server": 0})  # a median of its cold round and one warm
+    assert newest_served([warm_cut, cold_whole, cold_cut], "gpu", "qwen3-4b") is cold_whole
+    assert newest_served([warm_cut, cold_cut], "gpu", "qwen3-4b") is warm_cut
+    assert newest_served([cold_cut], "gpu", "qwen3-4b") is cold_cut  # unless it is all there is
+
+
 def test_a_peer_started_with_added_arguments_is_named_so_in_the_caption():
     from paper.results import Result
     from paper.sections_served import _peer_args
