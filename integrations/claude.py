@@ -1,7 +1,8 @@
 """Claude Code (`@anthropic-ai/claude-code`) through locals' Anthropic Messages API.
 
 Everything is injected as environment (base URL, bearer token, every model slot, the
-reply's room and when to compact the session); the one thing Claude Code only reads from its own file is `hasCompletedOnboarding` in
+reply's room and when to compact the session), and again as `--settings` so that a user's
+settings file cannot point the launch elsewhere; the one thing Claude Code only reads from its own file is `hasCompletedOnboarding` in
 ~/.claude.json: without it the first run stops at a login screen, so a launch sets it
 (backed up and undone by `locals disconnect claude`).
 """
@@ -77,9 +78,14 @@ class Claude(Tool):
         return env
 
     def command(self, ctx: LaunchContext, args: list[str]) -> list[str]:
+        # The same values as settings on the command line too: an `env` in ~/.claude/settings.json
+        # (an earlier `locals setup claude` for another port, a user's own ANTHROPIC_BASE_URL)
+        # outranks the process's environment, while command-line settings outrank it.
+        ours = json.dumps({"env": {key: value for key, value in self.env(ctx).items() if value is not None}})
+        head = [self.executable, "--settings", ours]
         if ctx.task:  # the prompt first: a variadic flag among `args` would swallow it
-            return [self.executable, "-p", ctx.task, *args]
-        return [self.executable, *args]
+            return [*head, "-p", ctx.task, *args]
+        return [*head, *args]
 
     def configure(self, ctx: LaunchContext) -> list[ConfigChange]:
         path = global_state_file()

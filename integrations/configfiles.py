@@ -181,8 +181,17 @@ def load_manifest() -> list[FileRecord]:
 def _save_manifest(records: list[FileRecord]) -> None:
     path = manifest_path()
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"version": 1, "files": [asdict(r) for r in records]}, indent=2))
+    _write_private(tmp, json.dumps({"version": 1, "files": [asdict(r) for r in records]}, indent=2).encode())
     tmp.replace(path)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a file only its owner reads: backups and the manifest hold the tools' settings, API keys
+    among them."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)  # a file that was there keeps its mode otherwise
+        f.write(data)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -196,9 +205,9 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def _backup(tool: str, path: Path, data: bytes) -> str:
     folder = config_dir() / "backups" / tool
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     target = folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{path.name}"
-    target.write_bytes(data)
+    _write_private(target, data)
     return str(target)
 
 
@@ -223,9 +232,15 @@ def check(path: Path) -> bytes:
         raise ConfigFileError(f"{path}: cannot read it ({exc})") from exc
     if text.strip():
         try:
-            jsonc.parse_tree(text) if fmt == "json" else _load_structured(text, fmt)
+            if fmt == "json":
+                jsonc.parse_tree(text)
+            elif not isinstance(_load_structured(text, fmt), dict):
+                raise ConfigFileError("its top level is not a mapping of settings")
         except (ValueError, ConfigFileError) as exc:
             raise _parse_error(path, fmt, exc, "fix the file or move it aside, then run this again") from exc
+    if path.exists() and not path.stat().st_mode & 0o222:  # root could write it: the mode says not to
+        raise ConfigFileError(f"{path}: it is read-only; make it writable (`chmod u+w {path}`) to let locals "
+                              "change it, then run this again")
     return original
 
 

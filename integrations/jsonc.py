@@ -76,6 +76,10 @@ class _Scanner:
             self.pos += 1
         if start == self.pos:
             raise JsoncError(f"unexpected {ch!r} at offset {start}")
+        try:  # a bare value is a number, true, false or null; `tru` or 'x' is no JSON a tool reads
+            json.loads(self.text[start:self.pos])
+        except ValueError:
+            raise JsoncError(f"{self.text[start:self.pos]!r} at offset {start} is not a JSON value") from None
         return Node(start, self.pos)
 
     def _string(self) -> str:

@@ -42,10 +42,11 @@ def check_context(tool: Tool, ctx: LaunchContext, accepted_only: bool = False) -
     `accepted_only`) too short for the tool's fixed first prompt with room for a reply (its first
     request would fail)."""
     if tool.min_context and ctx.context_length and ctx.context_length < tool.min_context:
+        command = "setup" if accepted_only else "launch"  # `setup` checks only what the tool accepts
         raise LocalsError(
             f"{tool.title} needs a model with at least {tool.min_context:,} tokens of context; "
             f"{ctx.model} has {ctx.context_length:,}. Start locals with a larger model "
-            f"(`locals launch {tool.name} --model qwen`)"
+            f"(`locals {command} {tool.name} --model qwen`)"
         )
     window = ctx.context_window(tool.context_wanted)
     if not accepted_only and ctx.context_length and not ctx.first_prompt_fits(window, tool.first_prompt):

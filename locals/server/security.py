@@ -19,6 +19,7 @@ LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-lo
 OPEN_PATHS = {"/health", "/", "/dashboard", "/v1/locals/status", "/metrics", "/v1/locals/history",
               "/v1/locals/conversations", "/v1/locals/team", "/static/dashboard.js", "/static/charts.js",
               "/static/dashboard.css"}
+CONTENT_PATHS = {"/v1/locals/history", "/v1/locals/conversations", "/v1/locals/team"}
 
 
 def is_loopback(host: str) -> bool:
@@ -69,7 +70,9 @@ async def local_only(request: web.Request, handler):
     if origin is not None and not origin_allowed(origin):
         return error_response(api, 403, f"requests from the web page {origin} are refused; "
                               "only pages on this machine may call the local server")
-    monitoring = request.path in OPEN_PATHS and request.method in ("GET", "HEAD")
+    # What users wrote (conversation titles, team tasks and patches) is open to this machine only.
+    monitoring = (request.path in OPEN_PATHS and request.method in ("GET", "HEAD")
+                  and (request.path not in CONTENT_PATHS or is_loopback(request.remote or "")))
     if state.api_key and not monitoring and request.method != "OPTIONS":
         key = _key_of(request) or ""
         if not hmac.compare_digest(key.encode(), state.api_key.encode()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import tomlkit
@@ -147,7 +148,10 @@ def test_undoing_a_nested_key_removes_the_objects_setup_made_for_it(tmp_path):
 
 
 @pytest.mark.parametrize("name, broken", [("settings.json", '{ "model": "x", \n'), ("settings.json", '["a list"]'),
-                                          ("config.toml", "model = = 1"), ("config.yaml", "a: [1,")])
+                                          ("settings.json", '{"theme": tru, "model": "x"}'),
+                                          ("settings.json", "{\"theme\": 'dracula'}"),
+                                          ("config.toml", "model = = 1"), ("config.yaml", "a: [1,"),
+                                          ("config.yaml", "- a\n- b\n"), ("config.yaml", "just a string\n")])
 def test_a_file_that_does_not_parse_stops_setup_before_any_write_and_is_named(tmp_path, name, broken):
     from integrations.launcher import apply_changes
     from integrations.base import ConfigChange, get_tool
@@ -159,6 +163,26 @@ def test_a_file_that_does_not_parse_stops_setup_before_any_write_and_is_named(tm
         apply_changes(get_tool("claude"), changes)
     assert str(bad.resolve()) in str(raised.value) and "move it aside" in str(raised.value)
     assert not good.exists() and bad.read_text() == broken and configfiles.load_manifest() == []
+
+
+def test_a_read_only_file_is_refused_before_any_write(tmp_path):
+    path = tmp_path / "settings.json"
+    path.write_text('{"theme": "dark"}\n')
+    path.chmod(0o444)
+    with pytest.raises(configfiles.ConfigFileError, match="read-only; make it writable"):
+        configfiles.apply("claude", path, {("env", "X"): "1"})
+    assert path.read_text() == '{"theme": "dark"}\n' and configfiles.load_manifest() == []
+
+
+def test_backups_and_the_manifest_are_the_users_alone(tmp_path):
+    path = tmp_path / ".aider.conf.yml"
+    path.write_text("openai-api-key: sk-mysecret\n")
+    path.chmod(0o600)
+    configfiles.apply("aider", path, {("model",): "openai/smollm2"})
+    [record] = configfiles.load_manifest()
+    assert Path(record.backup).stat().st_mode & 0o777 == 0o600
+    assert Path(record.backup).parent.stat().st_mode & 0o777 == 0o700
+    assert configfiles.manifest_path().stat().st_mode & 0o777 == 0o600
 
 
 def test_a_file_broken_after_setup_is_reported_not_undone_and_kept_for_later(tmp_path):

@@ -66,8 +66,11 @@ def test_claude_env_and_first_run(tmp_path, _user_home):
     tool = get_tool("claude")
     ctx = ctx_for(tmp_path, task="say hi")
     plan = launcher.plan(tool, ctx, ["--verbose"], base_env={"ANTHROPIC_API_KEY": "sk-real"})
-    assert plan.argv == ["claude", "-p", "say hi", "--verbose"]
+    assert plan.argv[:2] == ["claude", "--settings"] and plan.argv[3:] == ["-p", "say hi", "--verbose"]
     env = plan.env
+    # On the command line as well: it outranks an `env` in ~/.claude/settings.json, which outranks `env`.
+    assert json.loads(plan.argv[2])["env"] == {k: v for k, v in env.items() if k in json.loads(plan.argv[2])["env"]}
+    assert json.loads(plan.argv[2])["env"]["ANTHROPIC_BASE_URL"] == BASE
     assert env["ANTHROPIC_BASE_URL"] == BASE and env["ANTHROPIC_AUTH_TOKEN"] == "locals"
     assert "ANTHROPIC_API_KEY" not in env  # would override the token
     assert env["ANTHROPIC_MODEL"] == env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "smollm2"
@@ -190,6 +193,15 @@ def test_a_first_prompt_that_leaves_no_room_for_a_reply_is_refused_before_starti
         with pytest.raises(LocalsError, match=rf"first prompt alone .* is about {tool.first_prompt:,} tokens;"
                                               rf".*`locals launch {name} --model qwen`"):
             launcher.check_context(tool, ctx_for(tmp_path, context_length=fits_in // 2))
+
+
+def test_a_tool_refusing_the_window_is_told_in_the_command_that_was_run(tmp_path):
+    hermes = get_tool("hermes")
+    small = ctx_for(tmp_path, context_length=16384)
+    with pytest.raises(LocalsError, match=r"`locals setup hermes --model qwen`"):
+        launcher.check_context(hermes, small, accepted_only=True)  # as `locals setup` checks it
+    with pytest.raises(LocalsError, match=r"`locals launch hermes --model qwen`"):
+        launcher.check_context(hermes, small)
 
 
 def test_a_long_first_prompt_shrinks_the_reply_room_so_the_tool_starts_on_the_embedded_window(tmp_path):

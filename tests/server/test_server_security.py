@@ -93,6 +93,31 @@ async def test_api_key():
         await client.close()
 
 
+async def test_what_users_wrote_needs_the_key_from_another_machine():
+    from unittest import mock
+
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from locals.server.app import create_app
+    from locals.server.security import local_only
+
+    app = create_app(make_state(ScriptedEngine(), api_key="s3cret", allow_remote=True))
+
+    async def answered(request):
+        return web.Response(status=200)
+
+    async def status(path: str, peer: str) -> int:
+        transport = mock.Mock()
+        transport.get_extra_info.side_effect = lambda name, default=None: (peer, 5000) if name == "peername" else default
+        request = make_mocked_request("GET", path, headers={"Host": "box.lan:8321"}, app=app, transport=transport)
+        return (await local_only(request, answered)).status
+
+    for path in ("/v1/locals/conversations", "/v1/locals/history", "/v1/locals/team"):
+        assert await status(path, "192.168.1.7") == 401 and await status(path, "127.0.0.1") == 200
+    assert await status("/v1/locals/status", "192.168.1.7") == 200  # figures only: open
+
+
 async def test_huge_body_is_a_413_and_the_server_lives_on():
     client = await start_client(make_state(ScriptedEngine(), max_body_mb=1))
     try:
