@@ -298,6 +298,19 @@ def revert(tool: str) -> list[tuple[str, str]]:
     return done
 
 
+# Members a tool rewrites in entries locals wrote, on every run: Cline stamps its provider's
+# `updatedAt`. A change there does not make the entry the user's.
+BOOKKEEPING = frozenset({"updatedAt"})
+
+
+def _same_setting(current: Any, written: Any) -> bool:
+    """Whether a key still holds what locals wrote, its tool's bookkeeping members aside."""
+    if isinstance(current, dict) and isinstance(written, dict):
+        keys = (current.keys() | written.keys()) - BOOKKEEPING
+        return all(k in current and k in written and _same_setting(current[k], written[k]) for k in keys)
+    return current == written
+
+
 def _revert_file(record: FileRecord) -> str:
     path = Path(record.path)
     if not path.exists():
@@ -317,7 +330,7 @@ def _revert_file(record: FileRecord) -> str:
         text = current.decode("utf-8")
         for key in record.keys:
             key_path = tuple(key.path)
-            if get_value(text, record.format, key_path) != key.written:
+            if not _same_setting(get_value(text, record.format, key_path), key.written):
                 continue  # the user changed this key since: it is theirs now
             if key.existed_before:
                 text = set_value(text, record.format, key_path, key.before)

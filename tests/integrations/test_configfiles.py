@@ -165,6 +165,27 @@ def test_a_file_that_does_not_parse_stops_setup_before_any_write_and_is_named(tm
     assert not good.exists() and bad.read_text() == broken and configfiles.load_manifest() == []
 
 
+def test_an_entry_its_tool_restamped_is_still_locals_and_goes(tmp_path):
+    path = tmp_path / "providers.json"
+    path.write_text('{"version": 1, "lastUsedProvider": "anthropic", "providers": {"anthropic": {"k": 1}}}')
+    entry = {"settings": {"baseUrl": "http://127.0.0.1:8321/v1"}, "updatedAt": "2026-01-01T00:00:00Z"}
+    configfiles.apply("cline", path, {("lastUsedProvider",): "openai-compatible",
+                                      ("providers", "openai-compatible"): entry})
+    after_a_run = json.loads(path.read_text())  # Cline rewrites the file and stamps the entry
+    after_a_run["providers"]["openai-compatible"]["updatedAt"] = "2026-02-02T00:00:00Z"
+    path.write_text(json.dumps(after_a_run, indent=2))
+    configfiles.revert("cline")
+    back = json.loads(path.read_text())
+    assert back["lastUsedProvider"] == "anthropic" and "openai-compatible" not in back["providers"]
+    # A setting the user changed inside it is theirs: the entry stays.
+    configfiles.apply("cline", path, {("providers", "openai-compatible"): entry})
+    mine = json.loads(path.read_text())
+    mine["providers"]["openai-compatible"]["settings"]["baseUrl"] = "http://my-server/v1"
+    path.write_text(json.dumps(mine))
+    configfiles.revert("cline")
+    assert json.loads(path.read_text())["providers"]["openai-compatible"]["settings"]["baseUrl"] == "http://my-server/v1"
+
+
 def test_a_read_only_file_is_refused_before_any_write(tmp_path):
     path = tmp_path / "settings.json"
     path.write_text('{"theme": "dark"}\n')
