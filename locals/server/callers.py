@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 
 from aiohttp import web
 
 SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session_id", "conversation_id")
 _MAX_LEN = 80
+_REMINDERS = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -77,4 +79,6 @@ def title_of(messages: list[dict] | None, prompt: str | None) -> str:
     content = first.get("content") if first else ""
     if isinstance(content, list):  # content parts: their text
         content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return _clip(" ".join(str(content or "").split()))
+    # Claude Code opens the user's turn with notes of its own: the title is what the user wrote.
+    words = _REMINDERS.sub(" ", str(content or "")).split() or str(content or "").split()
+    return _clip(" ".join(words))

@@ -183,3 +183,14 @@ def test_the_board_keeps_the_last_runs_and_lets_silent_ones_go():
     assert not board.runs(now=1002.0 + STALE_S + 1)[0]["active"]  # no report for a minute: gone
     with pytest.raises(RequestError, match="1 to 64"):
         parse_report({"run": "x" * 65, "state": "running"})
+
+
+def test_a_conversation_is_titled_by_what_the_user_wrote_not_by_its_tools_notes():
+    from locals.server.callers import title_of
+
+    claude_turn = [{"role": "user", "content": [
+        {"type": "text", "text": "<system-reminder>\nAs you answer, use this context:\n# claudeMd\n</system-reminder>"},
+        {"type": "text", "text": "fix the failing test"}]}]
+    assert title_of(claude_turn, None) == "fix the failing test"
+    only_notes = [{"role": "user", "content": "<system-reminder>x</system-reminder>"}]
+    assert title_of(only_notes, None) == "<system-reminder>x</system-reminder>"  # better than no title
