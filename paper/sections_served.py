@@ -242,8 +242,7 @@ def _even(f: Result) -> bool:
     held = f.data.get("kernel_folders")
     if not isinstance(held, dict):
         return True
-    done = {server: max((s.get("n", 0) for group in figures.values() for s in group.values()
-                         if isinstance(s, dict)), default=0) for server, figures in f.data.get("summary", {}).items()}
+    done = {server: rounds_done({"summary": {server: figures}}) for server, figures in f.data.get("summary", {}).items()}
     most = max(done.values(), default=0)
     return not any(done.get(server, most) < most for server, kept in held.items() if not kept)
 

@@ -99,7 +99,7 @@ def tune(
     report: bool = typer.Option(False, "--report", help="Only show what is stored for this chip."),
 ) -> None:
     """Verify every candidate kernel on this chip, time it per layer shape and batch size, keep the fastest."""
-    from locals.engine.kernels.tuning.tuner import current_chip, default_candidates, load_table, new_table, save_table
+    from locals.engine.kernels.tuning.tuner import current_chip, load_table, new_table, save_table
     from locals.engine.kernels.tuning.tuner import tune as run_tuning
     from locals.engine.kernels.tuning.tuner import tuning_rows
     from locals.engine.load.backend import cuda_launch_settings
@@ -112,13 +112,7 @@ def tune(
         return
     _check_options(bits, dtype, group_size, rounds)
     row_list = _parse_rows(rows) if rows else None
-    pool = None
-    if only:
-        parts = [p.strip() for p in only.split(",") if p.strip()]
-        pool = [c for c in default_candidates(current_chip()[0]) if any(p in c.name for p in parts)]
-        if not pool:
-            raise LocalsError(f"--only {only!r} matches no candidate on this device; `locals tune --report` "
-                              "lists the names tuning chose before")
+    pool = _candidates_named(only) if only else None
     problems = [_parse_shape(s, bits, group_size, dtype) for s in shape] if shape else _model_problems(model)
     if not problems:
         console.print("This model has no quantized layers on this device (the CPU backend runs dense "
@@ -141,6 +135,18 @@ def tune(
     if not table.complete:
         console_err.print("[yellow]stopped early:[/yellow] what was measured is saved; run "
                           "`locals tune` again to resume")
+
+
+def _candidates_named(only: str) -> list:
+    """The candidates `--only` names (comma-separated parts of their names) on this device."""
+    from locals.engine.kernels.tuning.tuner import current_chip, default_candidates
+
+    parts = [p.strip() for p in only.split(",") if p.strip()]
+    pool = [c for c in default_candidates(current_chip()[0]) if any(p in c.name for p in parts)]
+    if not pool:
+        raise LocalsError(f"--only {only!r} matches no candidate on this device; `locals tune --report` "
+                          "lists the names tuning chose before")
+    return pool
 
 
 def _model_problems(model: str | None) -> list:

@@ -98,8 +98,11 @@ def test_auto_mode_is_free_until_the_marker(smollm2):
     assert isinstance(c, ToolCallConstraint) and c.mask() is None and c.unmasked()
     feed(c, "Let me look. a < b and", tok)
     assert c.phase is Phase.FREE and c.mask() is None and c.unmasked()
-    feed(c, " <tool_call>", tok)
+    feed(c, " <", tok)  # perhaps a marker begun: still free text, where stop strings are matched
+    assert c.writes_free_text()
+    feed(c, "tool_call>", tok)
     assert c.phase is Phase.HEAD and not c.unmasked()  # the engine syncs this row again
+    assert not c.writes_free_text() and not build_constraint(smollm2, json_schema=PERSON).writes_free_text()
     assert not build_constraint(smollm2, tools=TOOLS, tool_choice="required").unmasked()
     forced = c.forced_tokens()
     assert tok.decode(forced) == '\n{"name": "'  # every offered name starts with "r"

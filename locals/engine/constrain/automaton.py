@@ -165,6 +165,9 @@ class ToolCallConstraint(TokenConstraint):
             return self._budget.queue_mask()
         return self._index.mask(self._state) if phase is Phase.HEAD else self._run.mask(self._pos)
 
+    def writes_free_text(self) -> bool:
+        return self._phase is Phase.FREE
+
     def unmasked(self) -> bool:
         """True while any token may come next (free text, no part of a call's marker pending):
         the engine may sample the next token before reading this one."""

@@ -41,6 +41,11 @@ class TokenConstraint(Protocol):
         whose constraint forks may speculate (drafts are walked on the copy); others never draft."""
         return None
 
+    def writes_free_text(self) -> bool:
+        """True while the output is free text, even where some tokens are masked in it (the default
+        False: all of it is held to the automaton). Stop strings are matched there only."""
+        return False
+
     def unmasked(self) -> bool:
         """True while any token may come next and none is forced (free text); the default False.
         Such a row keeps pipelining: its next token is sampled before this one is read, and

@@ -191,8 +191,9 @@ class Sequence:
     def _stops_watch(self) -> bool:
         """Stop strings end free text only: a constrained output (a tool call, a JSON reply) runs
         to its end, so it parses. The token that opens a tool call is read after the constraint
-        took it, so the opening markup is not watched either."""
-        return self.constraint is None or self.in_free_text
+        took it, so the opening markup is not watched either. Free text stays watched where the
+        automaton masks some tokens in it (no room left for a call, a marker begun)."""
+        return self.constraint is None or self.constraint.writes_free_text()
 
     def _append_closing(self, closing: list[int]) -> None:
         """The constraint's shortest way to a complete output, appended as forced tokens."""
