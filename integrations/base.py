@@ -88,6 +88,7 @@ class ConfigChange:
     path: Path
     values: dict[tuple[str, ...], Any]
     why: str
+    fmt: str | None = None  # "json5" where the tool reads JSON5; else the file name says
 
 
 class Tool:

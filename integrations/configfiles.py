@@ -3,7 +3,7 @@
 `apply` records, per file, whether it existed, its hash before, the hash we wrote and
 each key's previous value. `revert` restores the backup byte for byte when the file is
 still what we wrote; when the user edited it since, it undoes only our keys. JSON(C),
-TOML and YAML are edited without losing the user's comments.
+JSON5, TOML and YAML are edited without losing the user's comments.
 """
 
 from __future__ import annotations
@@ -34,8 +34,14 @@ class ConfigFileError(LocalsError):
     """A tool config file that cannot be read, parsed or written."""
 
 
-def fmt_of(path: Path) -> str:
-    """The edit format for a file name: json (also .jsonc), toml or yaml."""
+JSON_FORMATS = ("json", "json5")
+
+
+def fmt_of(path: Path, fmt: str | None = None) -> str:
+    """The edit format: `fmt` when the tool names one (json5), else by the file name: json (also
+    .jsonc), toml or yaml."""
+    if fmt is not None:
+        return fmt
     suffix = path.suffix.lower()
     if suffix in (".json", ".jsonc"):
         return "json"
@@ -48,8 +54,8 @@ def fmt_of(path: Path) -> str:
 
 def get_value(text: str, fmt: str, path: KeyPath) -> Any:
     """The value at `path` in a document, or MISSING."""
-    if fmt == "json":
-        return jsonc.get(text, path)
+    if fmt in JSON_FORMATS:
+        return jsonc.get(text, path, fmt == "json5")
     node: Any = _load_structured(text, fmt)
     for key in path:
         if not isinstance(node, dict) or key not in node:
@@ -60,8 +66,8 @@ def get_value(text: str, fmt: str, path: KeyPath) -> Any:
 
 def set_value(text: str, fmt: str, path: KeyPath, value: Any) -> str:
     """The document with `path` set, creating parent tables/objects; comments kept."""
-    if fmt == "json":
-        return jsonc.set_value(text, path, value)
+    if fmt in JSON_FORMATS:
+        return jsonc.set_value(text, path, value, fmt == "json5")
     doc = _load_structured(text, fmt)
     node = doc
     for key in path[:-1]:
@@ -74,11 +80,11 @@ def set_value(text: str, fmt: str, path: KeyPath, value: Any) -> str:
 
 def delete_value(text: str, fmt: str, path: KeyPath) -> str:
     """The document without `path`; parents we leave empty are removed too."""
-    if fmt == "json":
-        text = jsonc.delete(text, path)
+    if fmt in JSON_FORMATS:
+        text = jsonc.delete(text, path, fmt == "json5")
         for depth in range(len(path) - 1, 0, -1):
-            if jsonc.get(text, path[:depth]) == {}:
-                text = jsonc.delete(text, path[:depth])
+            if jsonc.get(text, path[:depth], fmt == "json5") == {}:
+                text = jsonc.delete(text, path[:depth], fmt == "json5")
         return text
     doc = _load_structured(text, fmt)
     parents = [doc]
@@ -219,12 +225,12 @@ def _parse_error(path: Path, fmt: str, exc: Exception, fix: str) -> ConfigFileEr
     return ConfigFileError(f"{path}: cannot parse it as {fmt.upper()} ({reason}); {fix}")
 
 
-def check(path: Path) -> bytes:
+def check(path: Path, fmt: str | None = None) -> bytes:
     """`path`'s bytes (empty when it does not exist); ConfigFileError, naming the file, when it cannot
     be read or parsed: every file of a tool's setup is checked before any is written, so a setup is
     never left half done."""
     path = path.expanduser().resolve()
-    fmt = fmt_of(path)
+    fmt = fmt_of(path, fmt)
     try:
         original = path.read_bytes() if path.exists() else b""
         text = original.decode("utf-8")
@@ -232,8 +238,8 @@ def check(path: Path) -> bytes:
         raise ConfigFileError(f"{path}: cannot read it ({exc})") from exc
     if text.strip():
         try:
-            if fmt == "json":
-                jsonc.parse_tree(text)
+            if fmt in JSON_FORMATS:
+                jsonc.parse_tree(text, fmt == "json5")
             elif not isinstance(_load_structured(text, fmt), dict):
                 raise ConfigFileError("its top level is not a mapping of settings")
         except (ValueError, ConfigFileError) as exc:
@@ -244,14 +250,14 @@ def check(path: Path) -> bytes:
     return original
 
 
-def apply(tool: str, path: Path, values: dict[KeyPath, Any]) -> FileRecord:
+def apply(tool: str, path: Path, values: dict[KeyPath, Any], fmt: str | None = None) -> FileRecord:
     """Set `values` in `path` for `tool`, backing the file up and recording the change."""
     path = path.expanduser().resolve()
-    fmt = fmt_of(path)
+    fmt = fmt_of(path, fmt)
     records = load_manifest()
     record = next((r for r in records if r.tool == tool and r.path == str(path)), None)
     existed = path.exists()
-    original = check(path)
+    original = check(path, fmt)
     text = original.decode("utf-8")
     if record is None:
         record = FileRecord(tool, str(path), fmt, existed, _sha(original) if existed else None, "",

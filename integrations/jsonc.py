@@ -1,7 +1,10 @@
-"""Edit JSON-with-comments text in place: set or delete one key path, keep every other byte.
+"""Edit JSON-with-comments (or JSON5) text in place: set or delete one key path, keep every other byte.
 
 A small scanner maps each object member to its character span; edits splice text into
 those spans, so comments, key order, trailing commas and the user's formatting survive.
+Values are decoded by the json5 library; the scanner only finds spans (neither json5 nor
+json keeps them). JSON5 (unquoted keys, single quotes, hex and Infinity) is accepted only where
+asked for: a JSON tool's file with `'x'` in it is broken for that tool.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+import json5
 
 MISSING = object()
 
@@ -35,17 +40,23 @@ class Member:
     value: Node
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
+
+
 class _Scanner:
-    def __init__(self, text: str):
+    def __init__(self, text: str, allow_json5: bool = False):
         self.text = text
         self.pos = 0
+        self.json5 = allow_json5
+        self.quotes = "\"'" if allow_json5 else '"'
+        self.spaces = " \t\r\n\ufeff" + ("\v\f\u00a0\u2028\u2029" if allow_json5 else "")
 
     def skip(self) -> None:
         """Skip whitespace and // or /* */ comments."""
         text = self.text
         while self.pos < len(text):
             ch = text[self.pos]
-            if ch in " \t\r\n\ufeff":
+            if ch in self.spaces:
                 self.pos += 1
             elif text.startswith("//", self.pos):
                 nl = text.find("\n", self.pos)
@@ -67,31 +78,34 @@ class _Scanner:
             return self._object()
         if ch == "[":
             return self._array()
-        if ch == '"':
+        if ch in self.quotes:
             start = self.pos
             self._string()
             return Node(start, self.pos)
         start = self.pos
-        while self.pos < len(self.text) and self.text[self.pos] not in ",]} \t\r\n/":
+        while self.pos < len(self.text) and self.text[self.pos] not in ",]}/" + self.spaces:
             self.pos += 1
         if start == self.pos:
             raise JsoncError(f"unexpected {ch!r} at offset {start}")
         try:  # a bare value is a number, true, false or null; `tru` or 'x' is no JSON a tool reads
-            json.loads(self.text[start:self.pos])
+            (json5.loads if self.json5 else json.loads)(self.text[start:self.pos])
         except ValueError:
             raise JsoncError(f"{self.text[start:self.pos]!r} at offset {start} is not a JSON value") from None
         return Node(start, self.pos)
 
     def _string(self) -> str:
-        start = self.pos
+        start, quote = self.pos, self.text[self.pos]
         self.pos += 1
         while self.pos < len(self.text):
             ch = self.text[self.pos]
             if ch == "\\":
                 self.pos += 2
-            elif ch == '"':
+            elif ch == quote:
                 self.pos += 1
-                return json.loads(self.text[start : self.pos])
+                try:
+                    return (json5.loads if self.json5 else json.loads)(self.text[start : self.pos])
+                except ValueError as exc:
+                    raise JsoncError(f"bad string at offset {start} ({exc})") from None
             else:
                 self.pos += 1
         raise JsoncError("unterminated string")
@@ -104,10 +118,8 @@ class _Scanner:
             if self._take("}"):
                 node.end = self.pos
                 return node
-            if self.pos >= len(self.text) or self.text[self.pos] != '"':
-                raise JsoncError(f"expected a key at offset {self.pos}")
             key_start = self.pos
-            key = self._string()
+            key = self._key()
             self.skip()
             if not self._take(":"):
                 raise JsoncError(f"expected ':' at offset {self.pos}")
@@ -115,6 +127,15 @@ class _Scanner:
             self.skip()
             if not self._take(",") and not self.text.startswith("}", self.pos):
                 raise JsoncError(f"expected ',' or '}}' at offset {self.pos}")
+
+    def _key(self) -> str:
+        if self.pos < len(self.text) and self.text[self.pos] in self.quotes:
+            return self._string()
+        name = _IDENTIFIER.match(self.text, self.pos) if self.json5 else None
+        if name is None:
+            raise JsoncError(f"expected a key at offset {self.pos}")
+        self.pos = name.end()
+        return name.group()
 
     def _array(self) -> Node:
         node = Node(self.pos, -1)
@@ -136,9 +157,9 @@ class _Scanner:
         return False
 
 
-def parse_tree(text: str) -> Node:
-    """The span tree of a JSONC document whose top level is an object."""
-    scanner = _Scanner(text)
+def parse_tree(text: str, allow_json5: bool = False) -> Node:
+    """The span tree of a JSONC (or, with `allow_json5`, JSON5) document whose top level is an object."""
+    scanner = _Scanner(text, allow_json5)
     root = scanner.value()
     scanner.skip()
     if scanner.pos != len(text):
@@ -148,38 +169,15 @@ def parse_tree(text: str) -> Node:
     return root
 
 
-def loads(text: str) -> Any:
+def loads(text: str, allow_json5: bool = False) -> Any:
     """The document's value, comments and trailing commas ignored."""
-    return _value_of(text, parse_tree(text))
+    return _value_of(text, parse_tree(text, allow_json5))
 
 
 def _value_of(text: str, node: Node) -> Any:
     if node.is_object:
         return {m.key: _value_of(text, m.value) for m in node.members}
-    return json.loads(_strip(text[node.start : node.end]))
-
-
-def _strip(fragment: str) -> str:
-    """An array or scalar fragment with comments and trailing commas removed."""
-    out, scanner = [], _Scanner(fragment)
-    while scanner.pos < len(fragment):
-        before = scanner.pos
-        if fragment[before] == '"':
-            scanner._string()
-            out.append(fragment[before : scanner.pos])
-            continue
-        scanner.skip()
-        if scanner.pos == before:
-            out.append(fragment[before])
-            scanner.pos += 1
-        else:
-            out.append(" ")
-    cleaned = "".join(out)
-    while True:  # trailing commas: ", ]" and ", }"
-        fixed = re.sub(r",(\s*[\]}])", r"\1", cleaned)
-        if fixed == cleaned:
-            return cleaned
-        cleaned = fixed
+    return json5.loads(text[node.start : node.end])  # the scanner vetted its syntax
 
 
 def _find(root: Node, path: tuple[str, ...]) -> tuple[list[Node], Member | None]:
@@ -209,19 +207,19 @@ def _render(value: Any, indent: str, step: str) -> str:
     return rendered.replace("\n", "\n" + indent)
 
 
-def get(text: str, path: tuple[str, ...]) -> Any:
+def get(text: str, path: tuple[str, ...], allow_json5: bool = False) -> Any:
     """The value at `path`, or MISSING."""
-    chain, member = _find(parse_tree(text), path)
+    chain, member = _find(parse_tree(text, allow_json5), path)
     if member is None or len(chain) != len(path):
         return MISSING
     return _value_of(text, member.value)
 
 
-def set_value(text: str, path: tuple[str, ...], value: Any) -> str:
+def set_value(text: str, path: tuple[str, ...], value: Any, allow_json5: bool = False) -> str:
     """`text` with `path` set to `value`; missing parent objects are created."""
     if not text.strip():
         text = "{}\n"
-    root = parse_tree(text)
+    root = parse_tree(text, allow_json5)
     chain, member = _find(root, path)
     if member is not None and len(chain) == len(path):
         indent = _line_indent(text, member.key_start)
@@ -232,7 +230,7 @@ def set_value(text: str, path: tuple[str, ...], value: Any) -> str:
         nested: Any = value
         for key in reversed(path[depth:]):
             nested = {key: nested}
-        return set_value(text, path[:depth], nested)
+        return set_value(text, path[:depth], nested, allow_json5)
     parent, depth = chain[-1], len(chain) - 1
     nested: Any = value
     for key in reversed(path[depth + 1 :]):
@@ -267,9 +265,9 @@ def _insert_member(text: str, obj: Node, key: str, value: Any) -> str:
     return text[: obj.start + 1] + entry + (tail.rstrip(" \t") if tail else "\n" + outer) + text[close:]
 
 
-def delete(text: str, path: tuple[str, ...]) -> str:
+def delete(text: str, path: tuple[str, ...], allow_json5: bool = False) -> str:
     """`text` without the member at `path` (unchanged when absent)."""
-    root = parse_tree(text)
+    root = parse_tree(text, allow_json5)
     chain, member = _find(root, path)
     if member is None or len(chain) != len(path):
         return text

@@ -71,10 +71,10 @@ def plan(tool: Tool, ctx: LaunchContext, args: list[str], base_env: dict[str, st
 def apply_changes(tool: Tool, changes: list[ConfigChange]) -> list[tuple[Path, str]]:
     """Write each change with backup + manifest; returns (file, why) for the user."""
     for change in changes:  # all of them readable first: a broken file stops the setup before any write
-        configfiles.check(change.path)
+        configfiles.check(change.path, change.fmt)
     done = []
     for change in changes:
-        configfiles.apply(tool.name, change.path, change.values)
+        configfiles.apply(tool.name, change.path, change.values, change.fmt)
         done.append((change.path, change.why))
     return done
 

@@ -50,7 +50,7 @@ class OpenClaw(Tool):
             ("models", "providers", "locals"): self.provider(ctx),
             ("agents", "defaults", "model", "primary"): ctx.provider_model,
         }
-        return [ConfigChange(config_file(), values, "adds locals to OpenClaw's providers")]
+        return [ConfigChange(config_file(), values, "adds locals to OpenClaw's providers", fmt="json5")]
 
     def configure(self, ctx: LaunchContext) -> list[ConfigChange]:
         return self.setup_values(ctx)

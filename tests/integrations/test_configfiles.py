@@ -247,3 +247,24 @@ def test_unparseable_file_is_a_clear_error(tmp_path):
     with pytest.raises(configfiles.ConfigFileError, match="TOML"):
         configfiles.apply("codex", path, {("model",): "x"})
     assert path.read_text() == "model = \n"  # untouched
+
+
+def test_openclaw_setup_reads_and_undoes_its_json5_config(tmp_path, monkeypatch):
+    from integrations.base import LaunchContext, get_tool
+    from integrations.launcher import apply_changes
+
+    config = tmp_path / "openclaw.json"
+    original = "{\n  // mine\n  agents: { defaults: { workspace: '~/w' } },\n  gateway: { port: 18789, },\n}\n"
+    config.write_text(original)
+    monkeypatch.setenv("OPENCLAW_CONFIG_PATH", str(config))
+    tool = get_tool("openclaw")
+    ctx = LaunchContext(base_url="http://127.0.0.1:8321", model="smollm2", context_length=8192)
+    apply_changes(tool, tool.setup_values(ctx))
+    written = config.read_text()
+    assert "// mine" in written and "workspace: '~/w'" in written
+    assert configfiles.get_value(written, "json5", ("agents", "defaults", "model", "primary")) == ctx.provider_model
+    config.write_text(written.replace("port: 18789", "port: 18790"))  # the user's edit since
+    assert configfiles.revert("openclaw") == [
+        (str(config.resolve()), "removed locals' settings (the file was edited since setup)")]
+    assert jsonc.loads(config.read_text(), allow_json5=True) == {
+        "agents": {"defaults": {"workspace": "~/w"}}, "gateway": {"port": 18790}}

@@ -55,3 +55,28 @@ def test_get_missing_and_bad_text():
         jsonc.loads('{"a": 1')
     with pytest.raises(jsonc.JsoncError):
         jsonc.loads("[1, 2]")
+
+
+JSON5_DOC = """// OpenClaw's own style
+{
+  agents: { defaults: { workspace: '~/.openclaw/workspace', }, },
+  gateway: { port: 0x4b1, ratio: .5, 'quoted key': 'it\\'s', },
+}
+"""
+
+
+def test_json5_is_read_only_where_asked_for():
+    assert jsonc.loads(JSON5_DOC, allow_json5=True) == {
+        "agents": {"defaults": {"workspace": "~/.openclaw/workspace"}},
+        "gateway": {"port": 1201, "ratio": 0.5, "quoted key": "it's"}}
+    with pytest.raises(jsonc.JsoncError, match="expected a key"):
+        jsonc.loads(JSON5_DOC)  # a JSON tool's file with unquoted keys is broken for that tool
+
+
+def test_json5_edits_keep_the_users_bytes():
+    path = ("agents", "defaults", "model", "primary")
+    out = jsonc.set_value(JSON5_DOC, path, "locals/smollm2", allow_json5=True)
+    assert jsonc.get(out, path, allow_json5=True) == "locals/smollm2"
+    assert "workspace: '~/.openclaw/workspace'" in out and "port: 0x4b1" in out
+    assert jsonc.delete(out, ("agents", "defaults", "model"), allow_json5=True).replace(" ", "") == \
+        JSON5_DOC.replace(" ", "")
