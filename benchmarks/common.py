@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from locals.engine.bench import bench_prompts as prompts  # noqa: F401  (re-exported for the scripts)
-from locals.engine.bench import interleaved, summary  # noqa: F401
+from locals.measure import interleaved, summary  # noqa: F401
 from locals.engine.bench import without_eos as no_eos  # noqa: F401
 
 RESULTS = Path(__file__).parent / "results"

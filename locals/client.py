@@ -68,7 +68,7 @@ def v1_url(base_url: str) -> str:
 
 def ensure_server(model: str | None = None, port: int | None = None) -> str:
     """Start the locals daemon if it is not running and return its base URL."""
-    from locals.daemon import ensure_running  # the daemon pulls in server code: import on demand
+    from locals.daemon import ensure_running  # process management, for the CLI only: import on demand
 
     return ensure_running(model, port)
 

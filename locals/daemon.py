@@ -3,7 +3,8 @@ user unit on Linux when a user manager runs, else a detached process; a JSON rec
 port in the state dir says how it was started and its pid.
 
 Public API (used by the CLI, the runner and the integrations): `ensure_running`, `start`,
-`stop`, `is_running`, `health`, `status`. Nothing here imports the engine.
+`stop`, `is_running`, `health`, `status`. Nothing here imports the engine at import time; only a
+change of model resolves names and fetches weights through `engine.load.models`, on demand.
 """
 
 from __future__ import annotations

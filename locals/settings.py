@@ -75,7 +75,7 @@ MAX_BATCH = Setting("LOCALS_MAX_BATCH", int, 64, "most replies written at once; 
 SPECULATE = Setting("LOCALS_SPECULATE", bool, True, "`0` (or `off`, `false`, `no`) turns off drafting from the context",
                     "on")
 KERNELS = Setting("LOCALS_KERNELS", bool, True,
-                  "`0` (or `off`, `false`, `no`) keeps MLX's own ops: no tuned or fused kernels, no tuning while idle",
+                  "`0` (or `off`, `false`, `no`) keeps MLX's own ops: no tuned or fused kernels",
                   "on")
 CONSTRAINT_TIMEOUT = Setting("LOCALS_CONSTRAINT_TIMEOUT", float, 20.0,
                              "seconds a tool or JSON schema may take to compile before the request is refused", "`20`",

@@ -45,7 +45,8 @@ def _table(rows: list[dict]) -> Table:
 
 
 def _measure(loaded, batches: list[int], tokens: int, prompt_len: int, rounds: int) -> list[dict]:
-    from locals.engine.bench import bench_prompts, interleaved, run_locals, run_mlx_lm, summary, without_eos
+    from locals.engine.bench import bench_prompts, run_locals, run_mlx_lm, without_eos
+    from locals.measure import interleaved, summary
     from locals.engine.engine import Engine
     from locals.engine.settings import EngineConfig
 

@@ -21,7 +21,7 @@ MODEL_HELP = "Alias (qwen, lfm, smollm2…), Hugging Face repo id or local folde
 def start(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535,
-                                       help="Port (default: the last one, else 8321)."),
+                                       help=f"Port (default: the last one, else {DEFAULT_PORT})."),
     timeout: float = typer.Option(daemon.START_TIMEOUT_S, "--timeout", min=1, help="Seconds to wait for the model."),
     overflow: Optional[str] = typer.Option(
         None, "--overflow", help="A conversation longer than the model's context: `refuse` it (a 400, the default) "
@@ -29,10 +29,7 @@ def start(
 ) -> None:
     """Start the server in the background and wait until the model is loaded (its log: `locals status --logs`)."""
     if overflow is not None:
-        from locals.server.overflow import POLICIES
-
-        if overflow not in POLICIES:
-            raise LocalsError(f"--overflow {overflow!r}: use {' or '.join(POLICIES)}")
+        _check_overflow(overflow)
     phase = {"text": "starting the server…"}
 
     def on_wait(body: dict | None) -> None:
@@ -62,7 +59,7 @@ def start(
 def serve(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     host: str = typer.Option(DEFAULT_HOST, "--host", help="Address to bind; non-loopback needs --allow-remote."),
-    port: int = typer.Option(8321, "--port", "-p", min=1, max=65535, help="Port to listen on."),
+    port: int = typer.Option(DEFAULT_PORT, "--port", "-p", min=1, max=65535, help="Port to listen on."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Accept requests from other machines."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar=settings.API_KEY.name,
                                           help="Require this key (Bearer or x-api-key)."),
@@ -80,10 +77,7 @@ def serve(
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
         raise LocalsError(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
-    from locals.server.overflow import POLICIES
-
-    if overflow not in POLICIES:
-        raise LocalsError(f"--overflow {overflow!r}: use {' or '.join(POLICIES)}")
+    _check_overflow(overflow)
     prepare_model_process()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from locals.server.run import serve as run_server
@@ -225,3 +219,10 @@ def register(app: typer.Typer) -> None:
     app.command()(serve)
     app.command()(stop)
     app.command()(status)
+
+
+def _check_overflow(policy: str) -> None:
+    from locals.server.overflow import POLICIES
+
+    if policy not in POLICIES:
+        raise LocalsError(f"--overflow {policy!r}: use {' or '.join(POLICIES)}")

@@ -1,7 +1,8 @@
 """The only package that imports mlx, mlx_lm and outlines_core.
 
-The server reaches it through this facade: load_model, render_prompt, Engine and
-build_constraint. Names are imported lazily so `import locals.engine` stays cheap.
+The server reaches it through this facade (`_EXPORTS`: loading a model, rendering and encoding
+prompts, the engine and its config, constraints). Names are imported lazily so
+`import locals.engine` stays cheap.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from locals import settings
 from locals.config import cache_dir
 from locals.engine.cache.disk_cache import DiskPrefixStore, model_key
 from locals.engine.engine import Engine
-from locals.engine.rows.repetition import RepetitionSettings, repetition_guard_factory
+from locals.engine.rows.repetition import repetition_guard_factory
 from locals.engine.settings import EngineConfig
 
 log = logging.getLogger(__name__)
@@ -26,19 +26,17 @@ DISK_CACHE_BYTES = 4 * 1024**3
 WARM_UP_S = 4.0
 
 
-def create_engine(loaded, config: EngineConfig | None = None, *, disk_cache: bool = True,
-                  repetition: RepetitionSettings = RepetitionSettings(),
-                  disk_cache_bytes: int = DISK_CACHE_BYTES) -> Engine:
+def create_engine(loaded, config: EngineConfig | None = None) -> Engine:
     """The engine with every agent feature on (not started)."""
     config = config or config_from_settings()
     disk = None
-    if disk_cache and config.prefix_cache_bytes != 0:  # None: sized by the engine, never 0
+    if config.prefix_cache_bytes != 0:  # None: sized by the engine, never 0
         key = model_key(loaded.model_id, loaded.tokenizer, revision=loaded.info.get("revision", ""))
         try:
-            disk = DiskPrefixStore(cache_dir() / "prompts", key, disk_cache_bytes)
+            disk = DiskPrefixStore(cache_dir() / "prompts", key, DISK_CACHE_BYTES)
         except OSError as exc:  # an unusable cache folder costs the disk tier, never the server
             log.warning("prompts are not cached on disk: %s (`locals cache clear` or LOCALS_HOME fixes it)", exc)
-    engine = Engine(loaded, config, disk_prefix=disk, guards=[repetition_guard_factory(repetition)])
+    engine = Engine(loaded, config, disk_prefix=disk, guards=[repetition_guard_factory()])
     _warm_constraints(loaded)
     return engine
 

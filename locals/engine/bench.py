@@ -20,10 +20,6 @@ import time
 
 import psutil
 
-# Shared with the served-traffic benchmark (locals.traffic), which never imports the engine;
-# re-exported here for benchmarks/ and the tests.
-from locals.measure import BUSY_CPU_PERCENT, interleaved, other_cpu_percent, summary  # noqa: F401
-
 
 def timing(submitted: float, firsts: list[float], ends: list[float], n_tokens: int, batch: int,
            stamps: list[list[tuple[float, int]]] | None = None) -> dict:

@@ -34,7 +34,7 @@ def patch_kernels(loaded) -> tuple[int, int]:
                          "GPU memory)", DENSE_ROWS, copies / 1e9)
         if left:
             # Not a warning: served, a tuned table started later and held a lone agent's requests
-            # (docs/tune.md, "What a tuned table costs a served start").
+            # (docs/tune.md, "What a tuned table costs, and gives, a served start").
             log.info("kernels: %d layer shape x row count pairs run MLX's own ops on this GPU; `locals tune` "
                      "times faster kernels for them (a few minutes; a tuned server starts later)", left)
         return patched, left

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from locals import settings
 from locals.engine.forward.choices import ForwardChoices
 
 
@@ -17,7 +18,7 @@ class EngineConfig:
     """How the engine batches: rows per step, tokens per step, memory for KV."""
 
     # Most sequences decoding at once; more wait for a slot.
-    max_batch: int = 64
+    max_batch: int = settings.MAX_BATCH.default
     # Tokens one forward pass may carry (decode rows count 1 each); prompts are
     # read in chunks of what is left, so a long prompt never stalls the others for long.
     # 256 on a GPU, 64 on the CPU, where a step's time grows with its tokens: there 64 cut the
@@ -48,7 +49,7 @@ class EngineConfig:
     pipeline_masks: bool = True
     # Prompt-lookup speculative decoding: rows whose recent tokens occur earlier in their
     # prompt or output propose up to `max_draft` tokens, verified in the same forward pass.
-    speculate: bool = True
+    speculate: bool = settings.SPECULATE.default
     max_draft: int = 16
     # Draft only while at most this many rows decode: past it the batch is compute-bound
     # and extra verified positions cost more than they save.
@@ -56,9 +57,10 @@ class EngineConfig:
     # Route small-batch quantized matmuls to this chip's tuned kernels (`locals tune`), and use the fused norm/RoPE/residual kernels that verify on it;
     # False patches and attaches nothing, so MLX's own ops run (on a model no other engine
     # patched: beside one that did, give it `kernels.mlx_ops_twin(model)`).
-    tuned_kernels: bool = True
+    tuned_kernels: bool = settings.KERNELS.default
     # Seconds the engine may spend compiling decode-step shapes before it takes requests; the
-    # rest compile one at a time while no request is around (warmup.py). 0: compile on first use.
+    # rest compile one at a time while no request is around (warmup.py). 0 (bare engines: tests,
+    # benchmarks): compile on first use; served engines get `assemble.WARM_UP_S`.
     warm_up_s: float = 0.0
     # Join each layer's q/k/v and gate/up linears into one matmul each (fuse.py): three
     # kernels fewer per layer. False leaves the model's modules as loaded.

@@ -313,26 +313,8 @@ def test_row_counts_the_table_lacks_take_the_kernel_of_their_tile(monkeypatch):
     assert _routes_for(problem, table, by_name) == {}
 
 
-def test_reroute_gives_swapped_layers_the_row_counts_timed_since():
-    from locals.engine.kernels.registry import reroute, swap_count
-
-    model = _quantized_mlp()
-    assert patch_model(model, _table_choosing(model, "mlx-dequant", rows=[3])) == 2
-    assert sorted(model.layers[0]._routes.kernels) == [3]
-    later = _table_choosing(model, "mlx-dequant", rows=[3])
-    key = model_problems(model)[0].key
-    later.choices[key].update({"4": "mlx-pad8", "5": MLX_OP})  # idle tuning timed 4 and 5 rows of one shape
-    swaps = swap_count()
-    assert reroute(model, later) == 1 and swap_count() == swaps + 1  # compiled graphs trace the new routes
-    routed = next(layer for layer in model.layers if layer_problem(layer).key == key)
-    assert {m: k.name for m, k in routed._routes.kernels.items()} == {3: "mlx-dequant", 4: "mlx-pad8"}
-    x = mx.random.normal((4, 128))
-    assert mx.allclose(routed(x), nn.QuantizedLinear.__call__(routed, x), rtol=1e-2, atol=1e-2)
-    assert reroute(model, later) == 0 and swap_count() == swaps + 1  # nothing new: nothing retraced
-
-
 def test_wide_passes_take_dense_matmuls_and_fewer_rows_keep_their_routes():
-    from locals.engine.kernels.registry import WIDE_ROWS, reroute, route_wide_passes
+    from locals.engine.kernels.registry import WIDE_ROWS, route_wide_passes
 
     model = _quantized_mlp()
     few, wide = mx.random.normal((8, 128)), mx.random.normal((WIDE_ROWS + 37, 128))
@@ -348,8 +330,6 @@ def test_wide_passes_take_dense_matmuls_and_fewer_rows_keep_their_routes():
     assert model.layers[0]._routes.get(3) is not None and "from 256 rows" in repr(model.layers[0]._routes)
     assert mx.array_equal(model(few), expected_few)
     assert mx.allclose(model(wide), expected_wide, rtol=1e-2, atol=1e-2)
-    later = _table_choosing(model, "mlx-dequant", rows=[3, 4])
-    assert reroute(model, later) == 2 and all(layer._routes.wide is not None for layer in model.layers)
 
 
 def test_wide_passes_read_dense_copies_where_they_fit_and_keep_them_out_of_the_parameters():

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from locals.engine.bench import all_rows_rate, interleaved, summary, timing
+from locals.engine.bench import all_rows_rate, timing
+from locals.measure import interleaved, summary
 
 
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:

@@ -108,7 +108,7 @@ class TieredPrefixCache(PrefixCache):
         """Whether prefill would read `tokens` sooner than a file of `nbytes` loads, by the rates
         measured so far (no: load, while either is unknown). On an H200 a 4-5k-token prompt read
         again came to its first token in 0.80 s, loaded from disk in 1.35 s (docs/benchmarks-log.md,
-        "CUDA graphs off, served"); on a CPU or a Mac prefill is the slower by far."""
+        "CUDA graphs off, served; 1, 8 and 16 agents on an H200"); on a CPU or a Mac prefill is the slower by far."""
         read, load = self.prefill.seconds_for(tokens), self.loads.seconds_for(nbytes)
         return read is not None and load is not None and read < load
 

@@ -30,7 +30,6 @@ from locals.errors import RequestError
 
 log = logging.getLogger(__name__)
 
-COMPILE_TIMEOUT_S = settings.CONSTRAINT_TIMEOUT.get()
 MEMORY_ENTRIES = 128
 # Automata on disk take 5-30 MB each with a 49k-token vocabulary: the least recently used
 # go once the folder passes this (`locals cache clear` empties it).
@@ -177,7 +176,7 @@ def _forget(key: str) -> None:
 
 def wait(future: Future, label: str, timeout: float | None = None) -> CompiledIndex:
     """The compiled index, or RequestError naming `label` when it fails or takes too long."""
-    limit = COMPILE_TIMEOUT_S if timeout is None else timeout
+    limit = settings.CONSTRAINT_TIMEOUT.get() if timeout is None else timeout
     try:
         return future.result(timeout=limit)
     except FutureTimeout:

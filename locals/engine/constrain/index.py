@@ -102,9 +102,6 @@ class CompiledIndex:
             self._holes[state] = found
         return self._holes[state]
 
-    def is_final(self, state: int) -> bool:
-        return state in self.finals
-
     def is_closed(self, state: int) -> bool:
         """Final with nothing more to write: only EOS may follow."""
         return state in self.finals and state not in self._text_states

@@ -5,7 +5,7 @@ verified, faster kernel on this chip and MLX version use it, all others keep MLX
 `twin.mlx_ops_twin(model)` gives what must run MLX's ops beside it the same weights.
 """
 
-from locals.engine.kernels.registry import patch_model, tuned_linear
+from locals.engine.kernels.registry import patch_model
 from locals.engine.kernels.twin import mlx_ops_twin
 
-__all__ = ["mlx_ops_twin", "patch_model", "tuned_linear"]
+__all__ = ["mlx_ops_twin", "patch_model"]

@@ -277,34 +277,6 @@ def dense_copy_bytes(layers: list[nn.Module]) -> int:
                for layer in layers)
 
 
-def reroute(model: nn.Module, table: TuningTable) -> int:
-    """Give layers swapped earlier the routes `table` has now for their problems (idle tuning
-    timed row counts they lacked when the model loaded), folds checked again; returns how many changed."""
-    candidates = _candidates_by_name()
-    changed = 0
-    for path, layer in model.named_modules():
-        if not isinstance(layer, (TunedQuantizedLinear, TunedQuantizedEmbedding)):
-            continue
-        problem = problem_of(layer)
-        if problem.key not in table.choices:
-            continue
-        routes = _routes_for(problem, table, candidates)
-        if _names(routes) == _names(layer._routes.kernels):
-            continue
-        layer._routes = _Routes(routes, layer._routes.wide, layer._routes.wide_from)
-        if isinstance(layer, TunedQuantizedLinear):
-            _fold_activation(path, layer)
-        changed += 1
-    if changed:
-        fold_norms(model)
-        modules_swapped()
-    return changed
-
-
-def _names(routes: dict[int, object]) -> dict[int, str]:
-    return {rows: kernel.name for rows, kernel in routes.items()}
-
-
 def _fold_activation(path: str, tuned: TunedQuantizedLinear) -> None:
     """SwiGLU into a joined gate/up kernel: it writes silu(gate) * up (layer_pass's `finish`)."""
     if path.endswith("mlp.fused_gate_up"):

@@ -97,7 +97,7 @@ def keep_compiled_kernels() -> None:
 # the long gaps (80-280 ms of MLX queuing one pass). Launched one by one instead, 8 agents on an
 # H200 saw a token gap p99 of 30-40 ms against 36-48 (lower in 5 of 5 paired rounds), long gaps
 # fell from 11 to 4, bursts ran 8% faster and the wait was the same (docs/benchmarks-log.md,
-# "CUDA graphs off, served"); in one process, at one shape, graphs had been 2-7% faster.
+# "CUDA graphs off, served; 1, 8 and 16 agents on an H200"); in one process, at one shape, graphs had been 2-7% faster.
 CUDA_GRAPHS = "0"
 # Where a user turns graphs back on, MLX keeps this many instead of 400: evicting and instantiating
 # them again took 11% of the engine thread served to 16 agents on an H200 (docs/benchmarks-log.md,

@@ -86,7 +86,7 @@ def _hash(tokens: list[int]) -> int:
 class DraftPolicy:
     """Engine-wide limits for prompt-lookup drafts."""
 
-    max_draft: int = 8  # most tokens proposed per row per step
+    max_draft: int  # most tokens proposed per row per step (EngineConfig.max_draft)
     start_draft: int = 4
     # Consecutive fully rejected drafts before a row pauses drafting, and the first pause
     # (in steps); each further pause doubles, up to max_pause.

@@ -18,9 +18,8 @@ LOOP: FinishReason = "loop"
 
 @dataclass(frozen=True)
 class RepetitionSettings:
-    """Thresholds of the repetition guard; `enabled=False` turns it off."""
+    """Thresholds of the repetition guard."""
 
-    enabled: bool = True
     max_period: int = 64
     min_span: int = 200
     min_repeats: int = 4
@@ -49,24 +48,15 @@ class RepetitionGuard:
                 self.runs[p] = 0
         return None
 
-    def looping_period(self) -> int | None:
-        """The smallest period currently repeating over the guard's span, if any."""
-        s = self.settings
-        for p in range(1, s.max_period + 1):
-            span = self.runs[p] + p
-            if span >= s.min_span and span >= s.min_repeats * p:
-                return p
-        return None
-
 
 def repetition_guard_factory(settings: RepetitionSettings = RepetitionSettings()):
-    """A GuardFactory for the engine: one RepetitionGuard per request unless disabled.
+    """A GuardFactory for the engine: one RepetitionGuard per request.
 
     A request opts out with `request.meta["repetition_guard"] = False`.
     """
 
     def factory(request: GenerationRequest):
-        if not settings.enabled or request.meta.get("repetition_guard") is False:
+        if request.meta.get("repetition_guard") is False:
             return None
         return RepetitionGuard(settings)
 
