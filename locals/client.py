@@ -66,11 +66,11 @@ def v1_url(base_url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def ensure_server(model: str | None = None, port: int | None = None) -> str:
-    """Start the locals daemon if it is not running and return its base URL."""
+def ensure_server(model: str | None = None, port: int | None = None, remember_port: bool = True) -> str:
+    """Start the locals daemon if it is not running and return its base URL (`daemon.ensure_running`)."""
     from locals.daemon import ensure_running  # process management, for the CLI only: import on demand
 
-    return ensure_running(model, port)
+    return ensure_running(model, port, remember_port)
 
 
 class ChatClient:

@@ -466,9 +466,11 @@ def same_model(asked: str, serving: str) -> bool:
         return False
 
 
-def ensure_running(model: str | None = None, port: int | None = None) -> str:
+def ensure_running(model: str | None = None, port: int | None = None, remember_port: bool = True) -> str:
     """The base URL of a running server with `model` (None: whichever runs, or the remembered
-    one), starting or restarting the daemon as needed and waiting until it serves."""
+    one), starting or restarting the daemon as needed and waiting until it serves. The model and
+    port are remembered for the next command; the port only with `remember_port` (a tool's own
+    port, such as Ollama's, is not the user's choice)."""
     remembered = load_remembered()
     port = port or remembered.port
     with port_lock(port, START_TIMEOUT_S):  # two agents' launches at once: the second finds the first's server
@@ -491,5 +493,6 @@ def ensure_running(model: str | None = None, port: int | None = None) -> str:
                     raise
         elif body.get("status") != "ok":
             _wait_healthy(port, DEFAULT_HOST, START_TIMEOUT_S, read_record(port) or ServerRecord(port), None, None)
-    save_remembered(Remembered(model=model or remembered.model, port=port, host=remembered.host))
+    save_remembered(Remembered(model=model or remembered.model, port=port if remember_port else remembered.port,
+                               host=remembered.host))
     return base_url(port)

@@ -26,7 +26,7 @@ def prompts_dir():
 
 @cache_app.command("list")
 def list_cache() -> None:
-    """List cached prompt prefixes, one a row (model key, tokens, size, last use), then the compiled
+    """List cached prompt prefixes, one per row (model key, tokens, size, last use), then the compiled
     automata and CUDA kernels kept."""
     import datetime
 

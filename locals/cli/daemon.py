@@ -24,8 +24,9 @@ def start(
                                        help=f"Port (default: the last one, else {DEFAULT_PORT})."),
     timeout: float = typer.Option(daemon.START_TIMEOUT_S, "--timeout", min=1, help="Seconds to wait for the model."),
     overflow: Optional[str] = typer.Option(
-        None, "--overflow", help="A conversation longer than the model's context: `refuse` it (a 400, the default) "
-                                 "or `trim` it (the oldest tool results dropped, with a marker); see `locals serve`."),
+        None, "--overflow", envvar=settings.OVERFLOW.name,
+        help="A conversation longer than the model's context: `refuse` it (a 400, the default) "
+             "or `trim` it (the oldest tool results dropped, with a marker); see `locals serve`."),
 ) -> None:
     """Start the server in the background and wait until the model is loaded (its log: `locals status --logs`)."""
     if overflow is not None:
@@ -90,7 +91,7 @@ def serve(
 
 
 def stop(port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535,
-                                           help="Port (default: the remembered one).")) -> None:
+                                           help=f"Port (default: the last one, else {DEFAULT_PORT}).")) -> None:
     """Stop the background server."""
     port = port or load_remembered().port
     with console.status(f"stopping locals on port {port} (replies in flight finish first; at most "
@@ -114,7 +115,7 @@ def _uptime(s: float) -> str:
 
 def status(
     port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535,
-                                       help="Port (default: the remembered one)."),
+                                       help=f"Port (default: the last one, else {DEFAULT_PORT})."),
     logs: bool = typer.Option(False, "--logs", help="Print the end of the server log instead."),
     lines: int = typer.Option(40, "--lines", "-n", min=1, help="Log lines to print with --logs."),
 ) -> None:
@@ -225,4 +226,4 @@ def _check_overflow(policy: str) -> None:
     from locals.server.overflow import POLICIES
 
     if policy not in POLICIES:
-        raise LocalsError(f"--overflow {policy!r}: use {' or '.join(POLICIES)}")
+        raise LocalsError(f"--overflow (or {settings.OVERFLOW.name}) {policy!r}: use {' or '.join(POLICIES)}")

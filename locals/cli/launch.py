@@ -26,9 +26,8 @@ def _context(tool, model: Optional[str], port: Optional[int], workdir: Path, tas
     from integrations.base import LaunchContext
     from integrations.serverinfo import served_model
 
-    port = port or tool.port
-    with console_err.status("starting locals…", spinner="dots"):
-        base_url = ensure_server(model, port)
+    with console_err.status("starting locals…", spinner="dots"):  # Ollama's port is not remembered as the user's
+        base_url = ensure_server(model, port or tool.port, remember_port=port is not None or tool.port is None)
     name, context_length = served_model(base_url)
     return LaunchContext(base_url, name, context_length, workdir, task, state_dir() / "tools")
 
@@ -124,7 +123,7 @@ def _setup(tool: str, model: Optional[str], port: Optional[int]) -> None:
 
     target = get_tool(tool)
     if not _keeps_settings(target):  # refuse before a server is started for nothing
-        raise LocalsError(f"{target.title} keeps no settings of its own to change; "
+        raise LocalsError(f"{target.title}: no settings file of its own for setup to change; "
                           f"use `locals launch {target.name}`")
     if target.launches and not target.detect().installed:
         console_err.print(f"[yellow]{target.title} is not installed here[/yellow]; its settings are written for "
@@ -133,7 +132,7 @@ def _setup(tool: str, model: Optional[str], port: Optional[int]) -> None:
     launcher.check_context(target, ctx, accepted_only=True)  # a setting the tool itself would refuse
     changes = target.configure(ctx) + target.setup_values(ctx)
     if not changes:
-        raise LocalsError(f"{target.title} keeps no settings of its own to change; "
+        raise LocalsError(f"{target.title}: no settings file of its own for setup to change; "
                           f"use `locals launch {target.name}`")
     for path, why in dict.fromkeys(launcher.apply_changes(target, changes)):  # one line for a change made twice
         console.print(f"[green]✓[/green] {path}: {why}")

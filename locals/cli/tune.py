@@ -168,7 +168,8 @@ def _report() -> None:
     if table is None:
         hint = ("`locals tune`" if current_chip()[0] != "cpu" else
                 "`locals tune --shape OUTxIN` (the CPU backend runs dense weights, so models have nothing to tune)")
-        raise LocalsError(f"this chip has no tuning results for this MLX version; run {hint}")
+        console.print(f"nothing stored: this chip has no tuning results for this MLX version; {hint} makes them")
+        return  # a report of nothing stored is an answer, not an error
     print_table(table)
     if not table_path(table.chip, table.mlx).exists():
         console_err.print("[dim]the table shipped with locals for this chip; `locals tune` times the pairs it lacks[/dim]")

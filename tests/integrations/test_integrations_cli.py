@@ -55,7 +55,7 @@ async def test_served_model_reads_name_and_context(server):
 
 
 async def test_setup_then_disconnect_through_the_cli(server, user_home, monkeypatch):
-    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port: server)
+    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port, remember_port=True: server)
     config = user_home / ".config" / "opencode" / "opencode.json"
     config.parent.mkdir(parents=True)
     config.write_text(OPENCODE_JSONC)
@@ -76,7 +76,7 @@ async def test_setup_then_disconnect_through_the_cli(server, user_home, monkeypa
 
 
 async def test_setup_codex_writes_toml_and_disconnect_removes_the_new_file(server, user_home, monkeypatch):
-    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port: server)
+    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port, remember_port=True: server)
     result = await asyncio.to_thread(_invoke, "setup", "codex")
     assert result.exit_code == 0, result.output
     import tomlkit
@@ -90,14 +90,14 @@ async def test_setup_codex_writes_toml_and_disconnect_removes_the_new_file(serve
 async def test_setup_refuses_a_model_the_tool_itself_would_refuse(server, user_home, monkeypatch):
     from locals.errors import LocalsError
 
-    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port: server)
+    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port, remember_port=True: server)
     with pytest.raises(LocalsError, match="needs a model with at least 64,000 tokens"):
         await asyncio.to_thread(_invoke, "setup", "hermes")
     assert not (user_home / ".hermes").exists()
 
 
 async def test_launch_editor_prints_the_settings(server, monkeypatch):
-    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port: server)
+    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port, remember_port=True: server)
     result = await asyncio.to_thread(_invoke, "launch", "editor")
     assert result.exit_code == 0, result.output
     assert f"{server}/v1" in result.output and "locals/fake" in result.output and "8192" in result.output
@@ -159,9 +159,9 @@ def test_setup_of_a_tool_without_settings_refuses_before_starting_a_server(monke
     from locals.errors import LocalsError
 
     started = []
-    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port: started.append(port))
+    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port, remember_port=True: started.append(port))
     for tool in ("ollama", "editor"):
-        with pytest.raises(LocalsError, match="keeps no settings of its own"):
+        with pytest.raises(LocalsError, match="no settings file of its own for setup to change"):
             _invoke("setup", tool)
     assert started == []
 
@@ -189,18 +189,19 @@ async def test_code_refuses_a_folder_that_does_not_exist(server, monkeypatch, tm
     (fake / "opencode").write_text("#!/bin/sh\necho 1.0.0\n")
     (fake / "opencode").chmod(0o755)
     monkeypatch.setenv("PATH", str(fake))
-    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port: server)
+    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port, remember_port=True: server)
     with pytest.raises(LocalsError, match="is not a folder"):
         await asyncio.to_thread(_invoke, "code", str(tmp_path / "missing"))
 
 
 async def test_launch_ollama_serves_on_ollamas_port(server, monkeypatch):
     ports = []
-    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port: ports.append(port) or server)
+    monkeypatch.setattr("locals.cli.launch.ensure_server",
+                        lambda model, port, remember_port=True: ports.append((port, remember_port)) or server)
     monkeypatch.setattr("integrations.ollama.foreign_server", lambda port: False)
     result = await asyncio.to_thread(_invoke, "launch", "ollama")
     assert result.exit_code == 0, result.output
-    assert ports == [11434] and "Ollama URL" in result.output
+    assert ports == [(11434, False)] and "Ollama URL" in result.output  # Ollama's port is not the user's next one
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -212,6 +213,6 @@ async def test_launch_ollama_serves_on_ollamas_port(server, monkeypatch):
 def test_launch_arguments_that_would_do_nothing_are_refused_before_a_server_starts(args, needle, monkeypatch):
     from locals.errors import LocalsError
 
-    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port: pytest.fail("a server was started"))
+    monkeypatch.setattr("locals.cli.launch.ensure_server", lambda model, port, remember_port=True: pytest.fail("a server was started"))
     with pytest.raises(LocalsError, match=needle):
         _invoke(*args)

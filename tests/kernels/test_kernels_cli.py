@@ -12,11 +12,11 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=300, env=dict(os.environ, COLUMNS="200"))
 
 
-def test_tune_report_without_results_says_how_to_fix():
+def test_tune_report_without_results_says_how_to_make_them():
     proc = run_cli("tune", "--report")
-    assert proc.returncode == 1
+    assert proc.returncode == 0, proc.stderr  # nothing stored is an answer, not an error
     # On a CPU models have nothing to tune (dense weights): the hint names --shape.
-    assert "run `locals tune --shape OUTxIN`" in proc.stderr and "Traceback" not in proc.stderr
+    assert "nothing stored" in proc.stdout and "`locals tune --shape OUTxIN`" in proc.stdout
 
 
 def test_tune_shape_then_report(locals_home):

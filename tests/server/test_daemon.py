@@ -135,6 +135,17 @@ def test_asking_for_a_model_that_cannot_be_had_keeps_the_running_server(monkeypa
     assert stopped == [18561] and started == [str(gguf)]
 
 
+def test_a_tools_own_port_is_not_remembered_as_the_users(monkeypatch):
+    from locals.config import Remembered, save_remembered
+
+    save_remembered(Remembered(model="smollm2", port=8431))
+    monkeypatch.setattr(daemon, "health", lambda port, host=None: {"status": "ok", "model": "smollm2"})
+    daemon.ensure_running(None, 11434, remember_port=False)
+    assert load_remembered().port == 8431
+    daemon.ensure_running(None, 8499)
+    assert load_remembered().port == 8499
+
+
 @pytest.mark.parametrize("text", ["[]", '{"port": "abc"}', '{"port": null}', '{"port": 0}', "{not json"])
 def test_state_files_edited_by_hand_are_read_as_absent(locals_home, text):
     from locals.config import load_remembered, state_dir

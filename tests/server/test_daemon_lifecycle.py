@@ -243,7 +243,7 @@ def test_start_hands_its_overflow_policy_to_the_server_and_refuses_an_unknown_on
         daemon.start("smollm2", 18612, timeout=5)
     assert "--overflow" not in launched[0]
     bad = CliRunner().invoke(app, ["start", "--overflow", "drop"])
-    assert bad.exit_code != 0 and "--overflow 'drop': use refuse or trim" in bad.output + str(bad.exception)
+    assert bad.exit_code != 0 and "--overflow (or LOCALS_OVERFLOW) 'drop': use refuse or trim" in bad.output + str(bad.exception)
 
 
 def test_status_counts_a_request_reading_its_prompt_among_those_in_flight(monkeypatch):
