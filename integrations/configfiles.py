@@ -93,11 +93,21 @@ def delete_value(text: str, fmt: str, path: KeyPath) -> str:
         if not isinstance(nxt, dict):
             return text
         parents.append(nxt)
+    comments = _comments_in(parents[-1].get(path[-1])) if fmt == "toml" else []
     parents[-1].pop(path[-1], None)
     for depth in range(len(path) - 1, 0, -1):
         if len(parents[depth]) == 0:
             parents[depth - 1].pop(path[depth - 1], None)
+    for comment in comments:  # locals writes no comments: one inside its table is the user's, kept
+        doc.add(comment)
     return _dump_structured(doc, fmt)
+
+
+def _comments_in(node: Any) -> list:
+    """The comment lines inside a TOML table (a comment after a table's last key belongs to it)."""
+    if not isinstance(node, tomlkit.items.Table):
+        return []
+    return [item for _, item in node.value.body if isinstance(item, tomlkit.items.Comment)]
 
 
 def _yaml() -> YAML:

@@ -241,6 +241,16 @@ def test_edited_toml_loses_only_our_table(tmp_path):
     assert doc["tui"]["notifications"] is True and "# mine" in path.read_text()
 
 
+def test_a_comment_written_after_our_toml_table_outlives_it(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(CODEX_TOML)
+    configfiles.apply("codex", path, {("model_providers", "locals"): {"name": "locals"}})
+    path.write_text(path.read_text() + "# remember to try the new model\n")  # TOML files it under our table
+    configfiles.revert("codex")
+    assert "# remember to try the new model" in path.read_text()
+    assert "locals" not in tomlkit.parse(path.read_text())["model_providers"]
+
+
 def test_unparseable_file_is_a_clear_error(tmp_path):
     path = tmp_path / "config.toml"
     path.write_text("model = \n")
