@@ -1,5 +1,6 @@
 """The `--check` command as the judge of an agent's work: the patch is taken outside the
-sandbox first, then the command runs confined in the agent's worktree.
+sandbox first, then the command runs confined in the agent's worktree, which is put back to
+that patch afterwards (a check's reports never join the agent's work).
 """
 
 from __future__ import annotations
@@ -46,5 +47,6 @@ class Checker:
             # An unchanged tree can pass a check that already passed before; that is no solution.
             return CheckVerdict(False, "no file has been changed yet: write the code first", "")
         result = await run_confined(self.command, worktree, sandbox, timeout_s=self.timeout_s)
+        await asyncio.to_thread(self.area.restore, worktree, baseline, patch)  # what the check wrote goes
         status = "timed out" if result.timed_out else f"exit code {result.returncode}"
         return CheckVerdict(result.ok, cap_text(result.output, FEEDBACK_CAP), patch, status)

@@ -25,6 +25,11 @@ from locals.errors import LocalsError
 
 # Caches that commands in a worktree create must never reach the user's project.
 _EXCLUDES = "__pycache__/\n*.py[cod]\n.pytest_cache/\n.mypy_cache/\n.ruff_cache/\n.DS_Store\n"
+# A patch as `git apply` reads it whatever the user's config says (color.ui, diff.noprefix,
+# diff.mnemonicPrefix, an external diff tool or text conversions would each break it); a rename
+# as a deletion and an addition, so both paths are named where the patch is listed.
+_PATCH = ("--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "--src-prefix=a/",
+          "--dst-prefix=b/")
 
 
 class ProjectError(LocalsError):
@@ -76,22 +81,32 @@ class RunArea:
         # core.excludesFile replaces the user's global excludes: carry them over, then ours.
         self.excludes.write_text(_user_excludes(repo) + "\n" + _EXCLUDES)
         self.worktrees: list[Path] = []
+        self._git_dirs: dict[Path, str] = {}  # each worktree's git folder, read before any agent ran
 
     def mark_kept(self) -> None:
         """Leave this run's folder for the user (`--keep`): later runs' cleanup skips it."""
         (self.path / "owner.json").write_text(json.dumps({**self._owner, "kept": True}))
 
     def git(self, cwd: Path) -> git.Git:
-        """A git command runner in `cwd` that ignores build caches on top of the user's excludes."""
+        """A git command runner in `cwd` that ignores build caches on top of the user's excludes.
+
+        In a worktree it names the worktree's git folder itself: an agent may rewrite the
+        worktree's `.git` file (to a repository whose config runs its own programs: core.fsmonitor,
+        diff.external), and these commands run outside the sandbox."""
         runner = git.Git(str(cwd))
-        runner.update_environment(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="core.excludesFile",
-                                  GIT_CONFIG_VALUE_0=str(self.excludes))
+        config = {"core.excludesFile": str(self.excludes), "core.fsmonitor": "false", "core.hooksPath": os.devnull}
+        env = {"GIT_CONFIG_COUNT": str(len(config))}
+        for i, (key, value) in enumerate(config.items()):
+            env |= {f"GIT_CONFIG_KEY_{i}": key, f"GIT_CONFIG_VALUE_{i}": value}
+        if cwd in self._git_dirs:
+            env |= {"GIT_DIR": self._git_dirs[cwd], "GIT_WORK_TREE": str(cwd)}
+        runner.update_environment(**env)
         return runner
 
     def snapshot(self, label: str) -> Snapshot:
         """The user's current uncommitted and untracked state."""
         g = self.repo.git
-        patch = g.diff("HEAD", "--binary", "--ignore-submodules", stdout_as_string=False)
+        patch = g.diff("HEAD", *_PATCH, "--ignore-submodules", stdout_as_string=False)
         patch_file = None
         if patch.strip():
             patch_file = self.path / f"{label}-user.patch"
@@ -104,6 +119,7 @@ class RunArea:
         path = self.path / name
         self.worktrees.append(path)
         self.repo.git.worktree("add", "--detach", "--quiet", str(path), snap.head)
+        self._git_dirs[path] = _git_dir_of(path)
         wt = self.git(path)
         if snap.patch_file is not None:
             wt.apply("--binary", "--whitespace=nowarn", str(snap.patch_file))
@@ -119,10 +135,26 @@ class RunArea:
         """The agent's changes since the baseline tree, as a binary-safe patch (empty if none)."""
         wt = self.git(worktree)
         wt.add("-A")
-        return wt.diff("--cached", "--binary", baseline, stdout_as_string=True, strip_newline_in_stdout=False)
+        return wt.diff("--cached", *_PATCH, baseline, stdout_as_string=True, strip_newline_in_stdout=False)
 
-    def changed_files(self, patch: str) -> list[str]:
-        return [line.split(" b/", 1)[1] for line in patch.splitlines() if line.startswith("diff --git ") and " b/" in line]
+    def restore(self, worktree: Path, baseline: str, patch: str) -> None:
+        """Put the worktree back to the baseline plus `patch` (what a check ran on): files the check
+        wrote (a report, coverage data) must not join a later patch."""
+        if self.diff(worktree, baseline) == patch:
+            return
+        wt = self.git(worktree)
+        wt.read_tree("--reset", "-u", baseline)
+        wt.clean("-fdq")  # untracked files the check made; ignored ones (caches) stay
+        if patch:
+            patch_file = self.path / f"{worktree.name}-checked.patch"
+            patch_file.write_text(patch, errors="surrogateescape")
+            wt.apply("--binary", "--whitespace=nowarn", str(patch_file))
+        wt.add("-A")
+
+    def changed_files(self, patch_file: Path) -> list[str]:
+        """The paths a patch touches, as git reads them ("added\tdeleted\tpath" a file)."""
+        stats = self.repo.git.apply("--numstat", "-z", str(patch_file)).split("\0")
+        return [stat.split("\t", 2)[2] for stat in stats if stat.count("\t") >= 2]
 
     def keep_patch(self, patch: str, label: str) -> Path:
         """Save a patch outside the run folder (it survives cleanup) and return its path."""
@@ -157,9 +189,9 @@ class ApplyResult:
 
 def apply_patch(area: RunArea, patch: str, label: str) -> ApplyResult:
     """Apply `patch` to the user's working tree if it applies cleanly; else keep it as a file."""
-    files = area.changed_files(patch)
     patch_file = area.path / f"{label}-winner.patch"
     patch_file.write_text(patch, errors="surrogateescape")
+    files = area.changed_files(patch_file)
     g = area.repo.git
     try:
         g.apply("--check", "--binary", str(patch_file))
@@ -168,6 +200,14 @@ def apply_patch(area: RunArea, patch: str, label: str) -> ApplyResult:
         return ApplyResult(False, files, kept_at=kept, error=(exc.stderr or str(exc)).strip())
     apply_whole(area.repo, patch_file)
     return ApplyResult(True, files)
+
+
+def _git_dir_of(worktree: Path) -> str:
+    """The git folder a new worktree's `.git` file names."""
+    pointer = (worktree / ".git").read_text().strip()
+    if not pointer.startswith("gitdir:"):
+        raise LocalsError(f"{worktree}: git made no worktree pointer there ({pointer[:80]!r})")
+    return str((worktree / pointer.removeprefix("gitdir:").strip()).resolve())
 
 
 def clean_stale_runs(root: Path | None = None) -> int:

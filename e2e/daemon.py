@@ -30,10 +30,11 @@ class LocalsServer:
     def openai_url(self) -> str:
         return f"{self.url}/v1"
 
-    def cli(self, *args: str, timeout: float = START_TIMEOUT_S) -> subprocess.CompletedProcess:
-        """Run `locals ARGS` against this daemon's home; output captured as text."""
-        return subprocess.run([sys.executable, "-m", "locals", *args], env=self.env, text=True,
-                              capture_output=True, timeout=timeout)
+    def cli(self, *args: str, timeout: float = START_TIMEOUT_S, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        """Run `locals ARGS` against this daemon's home, from `cwd`, as the `locals` script does (no
+        folder of the caller's on the module path); output captured as text."""
+        return subprocess.run([sys.executable, "-P", "-m", "locals", *args], env=self.env, text=True,
+                              capture_output=True, timeout=timeout, cwd=cwd)
 
     def get_json(self, path: str) -> dict:
         with urllib.request.urlopen(self.url + path, timeout=30) as resp:

@@ -45,7 +45,10 @@ def test_stale_pid_record_is_handled(fresh_locals):
     assert not (state / f"server-{fresh_locals.port}.json").exists()
     (state / f"server-{fresh_locals.port}.json").write_text(json.dumps(
         {"port": fresh_locals.port, "mode": "process", "pid": 4194305}))
-    started = fresh_locals.cli("start", "--model", "smollm2", "--port", str(fresh_locals.port))
+    project = fresh_locals.home / "project"  # started from a project with a module named like ours
+    project.mkdir()
+    (project / "locals.py").write_text("raise SystemExit('the project locals.py ran')\n")
+    started = fresh_locals.cli("start", "--model", "smollm2", "--port", str(fresh_locals.port), cwd=project)
     assert started.returncode == 0, started.stderr
     record = json.loads((state / f"server-{fresh_locals.port}.json").read_text())
     assert record["pid"] != 4194305 and record["mode"] in ("process", "systemd", "launchd")

@@ -215,7 +215,8 @@ def service_manager() -> str:
 
 
 def _server_command(model: str | None, port: int, host: str, overflow: str | None) -> list[str]:
-    cmd = [sys.executable, "-m", "locals", "serve", "--port", str(port), "--host", host]
+    # -P: the caller's folder (a project with its own locals.py) stays off the server's module path.
+    cmd = [sys.executable, "-P", "-m", "locals", "serve", "--port", str(port), "--host", host]
     return cmd + (["--model", model] if model else []) + (["--overflow", overflow] if overflow else [])
 
 

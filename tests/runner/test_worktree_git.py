@@ -1,0 +1,79 @@
+"""The git side of a run outside the sandbox: what an agent's worktree can make it run, the user's
+git config, files a check leaves behind, and the paths a patch touches."""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from agents.worktree import RunArea, apply_patch, open_project
+from tests.helpers.runner_project import git, make_project
+
+
+@pytest.fixture
+def area(tmp_path):
+    run_area = RunArea(open_project(make_project(tmp_path)), root=tmp_path / "runs")
+    yield run_area
+    run_area.cleanup()
+
+
+def _worktree(area: RunArea):
+    return area.add_worktree("p1-a1", area.snapshot("p1"))
+
+
+def test_a_rewritten_dot_git_runs_nothing_of_the_agents_outside_the_sandbox(area, tmp_path):
+    worktree, baseline = _worktree(area)
+    marker = tmp_path / "ran"
+    hook = worktree / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    hook.chmod(hook.stat().st_mode | stat.S_IXUSR)
+    # What an agent's `run` command can do in its own worktree: a repository of its own whose
+    # config names programs git runs, and the worktree's .git pointing at it.
+    git(worktree, "init", "-q", "evil")
+    git(worktree / "evil", "-c", "user.name=a", "-c", "user.email=a@a", "commit", "-q", "--allow-empty", "-m", "x")
+    git(worktree / "evil", "config", "core.fsmonitor", str(hook))
+    git(worktree / "evil", "config", "diff.external", str(hook))
+    (worktree / ".git").write_text("gitdir: evil/.git\n")
+    (worktree / "notes.txt").write_text("changed by the agent\n")
+
+    patch = area.diff(worktree, baseline)
+    assert not marker.exists()
+    assert "+changed by the agent" in patch and "notes.txt" in area.changed_files(_saved(area, patch))
+
+
+def test_the_users_diff_settings_do_not_change_the_patch(area, tmp_path, monkeypatch):
+    config = tmp_path / "gitconfig"
+    config.write_text("[diff]\n\tnoprefix = true\n\tmnemonicPrefix = true\n\texternal = false\n"
+                      "[color]\n\tui = always\n")
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(config))
+    worktree, baseline = _worktree(area)  # the user's uncommitted edit travels as a patch too
+    (worktree / "new file b/x.py").parent.mkdir()
+    (worktree / "new file b/x.py").write_text("x = 1\n")
+    (worktree / "README.md").rename(worktree / "README.txt")
+
+    patch = area.diff(worktree, baseline)
+    assert "\x1b[" not in patch and "diff --git a/" in patch
+    result = apply_patch(area, patch, "p1")
+    assert result.applied, result.error
+    assert sorted(result.files) == ["README.md", "README.txt", "new file b/x.py"]  # both sides of a rename
+    assert (area.project / "new file b" / "x.py").read_text() == "x = 1\n"
+    assert (area.project / "notes.txt").read_text() == "first line\nuncommitted line\n"
+
+
+def test_what_a_check_writes_never_joins_the_patch(area):
+    worktree, baseline = _worktree(area)
+    (worktree / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    checked = area.diff(worktree, baseline)
+    (worktree / "report.xml").write_text("<testsuite/>")  # the check's own output
+    (worktree / "notes.txt").write_text("rewritten by the check\n")
+    area.restore(worktree, baseline, checked)
+    assert not (worktree / "report.xml").exists()
+    assert (worktree / "notes.txt").read_text() == "first line\nuncommitted line\n"
+    assert area.diff(worktree, baseline) == checked
+
+
+def _saved(area: RunArea, patch: str):
+    path = area.path / "test.patch"
+    path.write_text(patch)
+    return path
