@@ -98,7 +98,7 @@ class Agent:
         return self.result
 
     async def _loop(self) -> None:
-        schemas = tool_schemas(self.toolbox.names)
+        schemas = tool_schemas(self.toolbox.names, self.toolbox.sandbox.network)
         for step in range(1, self.max_steps + 1):
             self.result.steps = step
             reply = await self.client.chat(

@@ -20,8 +20,10 @@ ASKER_SYSTEM = (
 
 PLANNER_SYSTEM = (
     "You split a programming task into parts for a team. Most tasks are one part; split only "
-    "when the task has clearly separate pieces. Each part has a goal (one sentence), the files it "
-    "concerns, and depends_on: the numbers (1-based) of earlier parts it needs. Answer in JSON."
+    "when the task has clearly separate pieces. Each part is accepted only when the project's whole "
+    "check passes with it and the parts before it, so never split code from its tests, and never "
+    "split fixes that one test run needs together. Each part has a goal (one sentence), the files "
+    "it concerns, and depends_on: the numbers (1-based) of earlier parts it needs. Answer in JSON."
 )
 
 

@@ -1,5 +1,6 @@
 """Confinement for the shell commands agents and `--check` run: writes only in the worktree,
-a private temp dir and the user's cache dir; no network unless asked.
+a private temp dir and the user's cache dir; no network unless asked; the user's credentials
+(key folders, token files, variables named for secrets) out of sight.
 
 Linux uses bubblewrap (Landlock as a fallback, see landlock_box), macOS `sandbox-exec`
 with a generated profile. `run_confined` runs one shell command under a Sandbox with a
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +28,12 @@ from agents.command_bounds import (FLOOD_BYTES, LINGER_S, TAG_VARIABLE, BoundedO
 from locals.errors import LocalsError
 
 OUTPUT_CAP = 12_000
+# Credentials under the home folder that no build or test needs to read: hidden inside the sandbox
+# (bubblewrap, sandbox-exec; Landlock cannot hide what it lets be read).
+SECRET_PATHS = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".config/gcloud", ".config/gh", ".docker/config.json",
+                ".netrc", ".git-credentials", ".pypirc")
+# Environment variables whose names say they hold a secret are not passed to confined commands.
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|^AWS_", re.I)
 
 
 class SandboxUnavailable(LocalsError):
@@ -59,6 +67,8 @@ class Sandbox:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
+        if self.kind != "none":
+            env = {k: v for k, v in env.items() if not SECRET_NAME.search(k)}
         # Bytecode caches would otherwise show up in the agents' diffs.
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         # The OpenBLAS preload locals adds for its own speed hangs bwrap (its threads start
@@ -79,6 +89,12 @@ def cache_dirs() -> list[Path]:
     if sys.platform == "darwin":
         candidates.append(home / "Library" / "Caches")
     return [p for p in candidates if p.is_dir()]
+
+
+def secret_paths() -> list[Path]:
+    """The credential files and folders of `SECRET_PATHS` this user has."""
+    home = Path.home()
+    return [home / rel for rel in SECRET_PATHS if (home / rel).exists()]
 
 
 def make_sandbox(worktree: Path, tmp_dir: Path, *, network: bool = False, enabled: bool = True) -> Sandbox:
@@ -144,6 +160,9 @@ def _bwrap_argv(box: Sandbox, cwd: Path) -> list[str]:
     argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     for path in _python_dirs_under_tmp():  # a Python env living in /tmp stays visible, read-only
         argv += ["--ro-bind", path, path]
+    for path in map(Path, map(os.path.realpath, secret_paths())):  # an empty folder or file in their place
+        if not path.is_relative_to("/tmp"):  # the private /tmp hides those already
+            argv += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
     for path in box.writable:
         argv += ["--bind", str(path), str(path)]
     argv += ["--unshare-user-try", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
@@ -156,7 +175,8 @@ def _bwrap_argv(box: Sandbox, cwd: Path) -> list[str]:
 
 
 def macos_profile(box: Sandbox) -> str:
-    """A Seatbelt profile: everything allowed except writes outside `writable` (and network)."""
+    """A Seatbelt profile: everything allowed except writes outside `writable`, reading the user's
+    credentials (and network)."""
     allowed = " ".join(f'(subpath "{os.path.realpath(p)}")' for p in box.writable)
     lines = [
         "(version 1)",
@@ -164,6 +184,9 @@ def macos_profile(box: Sandbox) -> str:
         "(deny file-write*)",
         f'(allow file-write* {allowed} (literal "/dev/null") (literal "/dev/tty") (subpath "/dev/fd"))',
     ]
+    secrets = " ".join(f'(subpath "{os.path.realpath(p)}")' for p in secret_paths())
+    if secrets:
+        lines.append(f"(deny file-read* {secrets})")
     if not box.network:
         lines.append("(deny network*)")
         lines.append('(allow network* (remote unix-socket))')

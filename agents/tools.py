@@ -53,8 +53,13 @@ WRITE_TOOLS = ["list_files", "read_file", "search", "write_file", "edit_file", "
 READ_TOOLS = ["list_files", "read_file", "search", "finish"]
 
 
-def tool_schemas(names: list[str]) -> list[dict[str, Any]]:
-    return [TOOL_SCHEMAS[name] for name in names]
+def tool_schemas(names: list[str], network: bool = False) -> list[dict[str, Any]]:
+    """The schemas of `names`; `run` says whether its commands reach the network (`--network`)."""
+    schemas = [TOOL_SCHEMAS[name] for name in names]
+    if network and "run" in names:
+        schemas[names.index("run")] = _fn("run", "Run a shell command in the project folder and see its output.",
+                                          {"command": _STR})
+    return schemas
 
 
 class ToolInputError(ValueError):

@@ -155,7 +155,7 @@ class ChatClient:
             raise ClientError(f"{url} did not answer within {self._timeout.total:g} s") from exc
         except aiohttp.ClientConnectionError as exc:
             raise DaemonNotRunning(
-                f"cannot reach {self.base_url} ({exc}); run `locals start` or check --server"
+                f"cannot reach {self.base_url} ({exc}): is a server running there? (`locals start` starts locals' own)"
             ) from exc
         try:
             return json.loads(text)

@@ -16,6 +16,7 @@ from typing import Optional
 import typer
 
 from locals.cli.common import console, console_err
+from locals.config import state_dir
 from locals.errors import LocalsError
 
 
@@ -71,7 +72,8 @@ def run(
     try:
         report = asyncio.run(_main(options, base_url, model if server else None, json_out, exit_code))
     except (KeyboardInterrupt, asyncio.CancelledError):
-        message = "stopped: worktrees removed; unfinished parts left your project as it was"
+        where = (f"worktrees kept under {state_dir() / 'runs'}" if keep else "worktrees removed")
+        message = f"stopped: {where}; unfinished parts left your project as it was"
         if json_out:  # a script reading --json gets JSON on every exit
             console.print_json(json.dumps({"ok": False, "stopped": True, "message": message}))
         console_err.print(f"[yellow]{message}[/yellow]")

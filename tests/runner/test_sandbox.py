@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +44,26 @@ async def test_commands_write_in_the_worktree_and_temp_only(area):
 
 
 @pytest.mark.needs_sandbox
+async def test_the_users_credentials_are_out_of_sight(area, monkeypatch):
+    worktree, tmp, _ = area
+    home = Path(tempfile.mkdtemp(dir="/var/tmp"))  # outside the private /tmp, as a real home is
+    try:
+        (home / ".ssh").mkdir()
+        (home / ".ssh" / "id_rsa").write_text("SECRETKEY")
+        (home / ".netrc").write_text("machine example.com password hunter2")
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv("MY_API_TOKEN", "abc123")
+        probe = "cat ~/.ssh/id_rsa ~/.netrc; env"
+        confined = await run_confined(probe, worktree, make_sandbox(worktree, tmp))
+        unconfined = await run_confined(probe, worktree, make_sandbox(worktree, tmp, enabled=False))
+    finally:
+        shutil.rmtree(home)
+    assert not any(secret in confined.output for secret in ("SECRETKEY", "hunter2", "abc123")), confined.output
+    assert f"HOME={home}" in confined.output  # the rest of the environment is the user's
+    assert "SECRETKEY" in unconfined.output and "MY_API_TOKEN=abc123" in unconfined.output  # --no-sandbox: all
+
+
+@pytest.mark.needs_sandbox
 async def test_no_network_by_default(area):
     worktree, tmp, _ = area
     server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
@@ -73,9 +95,13 @@ def test_missing_bwrap_says_how_to_install(monkeypatch):
 
 
 def test_macos_profile_allows_writes_only_in_the_given_folders(tmp_path):
-    profile = macos_profile(Sandbox([tmp_path], kind="sandbox-exec"))
+    (tmp_path / ".ssh").mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(tmp_path))
+        profile = macos_profile(Sandbox([tmp_path], kind="sandbox-exec"))
     assert "(deny file-write*)" in profile and f'(subpath "{tmp_path.resolve()}")' in profile
     assert "(deny network*)" in profile
+    assert f'(deny file-read* (subpath "{(tmp_path / ".ssh").resolve()}"))' in profile
 
 
 @pytest.mark.needs_sandbox
