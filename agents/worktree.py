@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -200,6 +201,16 @@ def apply_patch(area: RunArea, patch: str, label: str) -> ApplyResult:
         return ApplyResult(False, files, kept_at=kept, error=(exc.stderr or str(exc)).strip())
     apply_whole(area.repo, patch_file)
     return ApplyResult(True, files)
+
+
+_TEST_PATH = re.compile(r"(^|/)(tests?/|test_[^/]*$|[^/]*_test\.\w+$|[^/]*\.(spec|test)\.\w+$)")
+
+
+def edited_tests(patch: str) -> list[str]:
+    """Test files that existed before and that `patch` changes or deletes: a patch that passes the
+    check by rewriting its tests deserves a second look (a `--- a/path` line: the file was there)."""
+    paths = re.findall(r"^--- a/(.+)$", patch, re.M)
+    return [path for path in dict.fromkeys(paths) if _TEST_PATH.search(path)]
 
 
 def _git_dir_of(worktree: Path) -> str:

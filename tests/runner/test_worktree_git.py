@@ -77,3 +77,14 @@ def _saved(area: RunArea, patch: str):
     path = area.path / "test.patch"
     path.write_text(patch)
     return path
+
+
+def test_a_patch_that_rewrites_existing_tests_is_pointed_out():
+    from agents.worktree import edited_tests
+
+    patch = ("diff --git a/tests/test_calc.py b/tests/test_calc.py\n--- a/tests/test_calc.py\n+++ b/tests/test_calc.py\n"
+             "@@ -1 +1 @@\n-assert add(1, 2) == 3\n+assert True\n"
+             "diff --git a/calc_test.go b/calc_test.go\nnew file mode 100644\n--- /dev/null\n+++ b/calc_test.go\n"
+             "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n"
+             "diff --git a/web/app.spec.ts b/web/app.spec.ts\ndeleted file mode 100644\n--- a/web/app.spec.ts\n+++ /dev/null\n")
+    assert edited_tests(patch) == ["tests/test_calc.py", "web/app.spec.ts"]  # a new test file is no concern
