@@ -24,7 +24,7 @@ from agents.planner import make_plan, single_part
 from agents.prompts import asker_messages, coder_messages
 from agents.sandbox import make_sandbox
 from agents.tools import READ_TOOLS, WRITE_TOOLS, Toolbox
-from agents.worktree import RunArea, apply_patch, clean_stale_runs, edited_tests, open_project, project_listing
+from agents.worktree import RunArea, apply_patch, clean_stale_runs, open_project, project_listing
 from locals.client import ChatClient
 
 
@@ -219,12 +219,12 @@ class Team:
             async with self.git_lock:
                 applied = await asyncio.to_thread(apply_patch, self.area, patch, f"p{part.index + 1}")
             if applied.applied:
-                tests = edited_tests(patch)
-                note = f"note: it changes tests that were there before ({', '.join(tests)})" if tests else ""
+                note = f"note: {'; '.join(applied.notes)}" if applied.notes else ""
                 self._part_done(part.index, "applied", winner=winner.agent, files=applied.files, detail=note,
                                 patch=patch)
             else:
-                detail = f"the passing patch does not apply to your current files; kept at {applied.kept_at}"
+                why = applied.error if applied.refused else "the passing patch does not apply to your current files"
+                detail = f"{why}; kept at {applied.kept_at}"
                 self._part_done(part.index, "conflict", winner=winner.agent, files=applied.files, detail=detail,
                                 patch=patch)
 

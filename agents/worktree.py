@@ -13,13 +13,13 @@ import os
 import re
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import git
 import psutil
 
-from agents.patch_apply import apply_whole
+from agents.patch_apply import UnsafeApply, apply_whole
 from locals import settings
 from locals.config import state_dir
 from locals.errors import LocalsError
@@ -152,10 +152,12 @@ class RunArea:
             wt.apply("--binary", "--whitespace=nowarn", str(patch_file))
         wt.add("-A")
 
-    def changed_files(self, patch_file: Path) -> list[str]:
-        """The paths a patch touches, as git reads them ("added\tdeleted\tpath" a file)."""
+    def changed_files(self, patch_file: Path) -> tuple[list[str], list[str]]:
+        """The paths a patch touches, as git reads them ("added\tdeleted\tpath" a file), and those
+        it creates."""
         stats = self.repo.git.apply("--numstat", "-z", str(patch_file)).split("\0")
-        return [stat.split("\t", 2)[2] for stat in stats if stat.count("\t") >= 2]
+        created = re.findall(r"^ create mode \d+ (.+)$", self.repo.git.apply("--summary", str(patch_file)), re.M)
+        return [stat.split("\t", 2)[2] for stat in stats if stat.count("\t") >= 2], created
 
     def keep_patch(self, patch: str, label: str) -> Path:
         """Save a patch outside the run folder (it survives cleanup) and return its path."""
@@ -186,31 +188,46 @@ class ApplyResult:
     files: list[str]
     kept_at: Path | None = None
     error: str = ""
+    refused: bool = False  # unsafe to put in place (UnsafeApply), not a conflict with the user's edits
+    notes: list[str] = field(default_factory=list)  # review_notes
 
 
 def apply_patch(area: RunArea, patch: str, label: str) -> ApplyResult:
     """Apply `patch` to the user's working tree if it applies cleanly; else keep it as a file."""
     patch_file = area.path / f"{label}-winner.patch"
     patch_file.write_text(patch, errors="surrogateescape")
-    files = area.changed_files(patch_file)
+    files, created = area.changed_files(patch_file)
     g = area.repo.git
     try:
         g.apply("--check", "--binary", str(patch_file))
     except git.GitCommandError as exc:
         kept = area.keep_patch(patch, label)
         return ApplyResult(False, files, kept_at=kept, error=(exc.stderr or str(exc)).strip())
-    apply_whole(area.repo, patch_file)
-    return ApplyResult(True, files)
+    try:
+        apply_whole(area.repo, patch_file)
+    except UnsafeApply as exc:  # refused before any file of the user's was touched
+        return ApplyResult(False, files, kept_at=area.keep_patch(patch, label), error=str(exc), refused=True)
+    return ApplyResult(True, files, notes=review_notes(files, created))
 
 
 _TEST_PATH = re.compile(r"(^|/)(tests?/|test_[^/]*$|[^/]*_test\.\w+$|[^/]*\.(spec|test)\.\w+$)")
 
 
-def edited_tests(patch: str) -> list[str]:
-    """Test files that existed before and that `patch` changes or deletes: a patch that passes the
-    check by rewriting its tests deserves a second look (a `--- a/path` line: the file was there)."""
-    paths = re.findall(r"^--- a/(.+)$", patch, re.M)
-    return [path for path in dict.fromkeys(paths) if _TEST_PATH.search(path)]
+def review_notes(files: list[str], created: list[str]) -> list[str]:
+    """What in an applied patch deserves a second look: tests that were there before and that it
+    changes or deletes (a check passed by rewriting its tests), `.gitattributes` (it changes how
+    git writes files), and what looks like a git folder (git run inside it would obey its config)."""
+    notes = []
+    tests = [f for f in files if _TEST_PATH.search(f) and f not in created]
+    if tests:
+        notes.append(f"it changes tests that were there before ({', '.join(tests)})")
+    if any(f == ".gitattributes" or f.endswith("/.gitattributes") for f in files):
+        notes.append("it changes .gitattributes")
+    folders = {f.rsplit("/", 1)[0] if "/" in f else "." for f in files if f.endswith(("/HEAD", "/config"))}
+    repos = sorted(d for d in folders if f"{d}/HEAD" in files and f"{d}/config" in files)
+    if repos:
+        notes.append(f"it adds what looks like a git folder ({', '.join(repos)}/): git run there obeys its config")
+    return notes
 
 
 def _git_dir_of(worktree: Path) -> str:

@@ -39,7 +39,7 @@ def test_a_rewritten_dot_git_runs_nothing_of_the_agents_outside_the_sandbox(area
 
     patch = area.diff(worktree, baseline)
     assert not marker.exists()
-    assert "+changed by the agent" in patch and "notes.txt" in area.changed_files(_saved(area, patch))
+    assert "+changed by the agent" in patch and "notes.txt" in area.changed_files(_saved(area, patch))[0]
 
 
 def test_the_users_diff_settings_do_not_change_the_patch(area, tmp_path, monkeypatch):
@@ -79,12 +79,13 @@ def _saved(area: RunArea, patch: str):
     return path
 
 
-def test_a_patch_that_rewrites_existing_tests_is_pointed_out():
-    from agents.worktree import edited_tests
+def test_what_deserves_a_second_look_is_pointed_out():
+    from agents.worktree import review_notes
 
-    patch = ("diff --git a/tests/test_calc.py b/tests/test_calc.py\n--- a/tests/test_calc.py\n+++ b/tests/test_calc.py\n"
-             "@@ -1 +1 @@\n-assert add(1, 2) == 3\n+assert True\n"
-             "diff --git a/calc_test.go b/calc_test.go\nnew file mode 100644\n--- /dev/null\n+++ b/calc_test.go\n"
-             "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n"
-             "diff --git a/web/app.spec.ts b/web/app.spec.ts\ndeleted file mode 100644\n--- a/web/app.spec.ts\n+++ /dev/null\n")
-    assert edited_tests(patch) == ["tests/test_calc.py", "web/app.spec.ts"]  # a new test file is no concern
+    files = ["tests/test_calc.py", "calc_test.go", "calc.py", "web/app.spec.ts", "docs/.gitattributes",
+             "vendor/x/HEAD", "vendor/x/config", "vendor/x/objects/.keep"]
+    notes = review_notes(files, created=["calc_test.go", "vendor/x/HEAD", "vendor/x/config"])
+    assert notes == ["it changes tests that were there before (tests/test_calc.py, web/app.spec.ts)",
+                     "it changes .gitattributes",
+                     "it adds what looks like a git folder (vendor/x/): git run there obeys its config"]
+    assert review_notes(["calc.py", "test_new.py"], created=["test_new.py"]) == []  # a new test is no concern
