@@ -1,6 +1,7 @@
-"""Confinement for the shell commands agents and `--check` run: writes only in the worktree,
-a private temp dir and the user's cache dir; no network unless asked; the user's credentials
-(key folders, token files, variables named for secrets) out of sight.
+"""Confinement for the shell commands agents and `--check` run: writes only in the worktree and
+a private temp dir (with a private cache folder in it); no network unless asked; the user's
+credentials (key folders, token files, variables named for secrets) and the sockets of the
+session's services (ssh-agent, D-Bus, Docker) out of sight.
 
 Linux uses bubblewrap (Landlock as a fallback, see landlock_box), macOS `sandbox-exec`
 with a generated profile. `run_confined` runs one shell command under a Sandbox with a
@@ -30,10 +31,21 @@ from locals.errors import LocalsError
 OUTPUT_CAP = 12_000
 # Credentials under the home folder that no build or test needs to read: hidden inside the sandbox
 # (bubblewrap, sandbox-exec; Landlock cannot hide what it lets be read).
-SECRET_PATHS = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".config/gcloud", ".config/gh", ".docker/config.json",
-                ".netrc", ".git-credentials", ".pypirc")
+SECRET_PATHS = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".config/gcloud", ".config/gh", ".config/git/credentials",
+                ".docker/config.json", ".netrc", ".git-credentials", ".pypirc", ".npmrc", ".yarnrc", ".yarnrc.yml",
+                ".cargo/credentials", ".cargo/credentials.toml", ".m2/settings.xml", ".gradle/gradle.properties",
+                ".vault-token", ".password-store", ".local/share/keyrings", ".cache/huggingface/token",
+                ".config/google-chrome", ".config/chromium", ".mozilla", "Library/Keychains")
+# Sockets of services that would act for the user outside the sandbox (a file socket is reached
+# whatever the network namespace): hidden, like the variables that name them.
+SERVICE_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/podman", "/run/dbus")
+SERVICE_VARIABLES = ("SSH_AUTH_SOCK", "DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR", "DISPLAY", "WAYLAND_DISPLAY",
+                     "GPG_AGENT_INFO", "DOCKER_HOST")
 # Environment variables whose names say they hold a secret are not passed to confined commands.
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|^AWS_", re.I)
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL|_PAT$|_AUTH|_DSN$"
+                         r"|_KEY$|^AWS_|^DATABASE_URL$", re.I)
+# A URL with a password in it (postgres://app:secret@host), whatever its variable's name.
+SECRET_VALUE = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
 
 
 class SandboxUnavailable(LocalsError):
@@ -68,7 +80,10 @@ class Sandbox:
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         if self.kind != "none":
-            env = {k: v for k, v in env.items() if not SECRET_NAME.search(k)}
+            env = {k: v for k, v in env.items()
+                   if not (SECRET_NAME.search(k) or SECRET_VALUE.search(v) or k in SERVICE_VARIABLES)}
+            if self.tmp_dir is not None:  # the user's cache folders are read-only here (make_sandbox)
+                env["XDG_CACHE_HOME"] = str(self.tmp_dir / "cache")
         # Bytecode caches would otherwise show up in the agents' diffs.
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         # The OpenBLAS preload locals adds for its own speed hangs bwrap (its threads start
@@ -82,24 +97,22 @@ class Sandbox:
         return env
 
 
-def cache_dirs() -> list[Path]:
-    """The per-user cache folders build tools write to (pip, uv, npm, ...)."""
-    home = Path.home()
-    candidates = [Path(settings.foreign("XDG_CACHE_HOME") or home / ".cache")]
-    if sys.platform == "darwin":
-        candidates.append(home / "Library" / "Caches")
-    return [p for p in candidates if p.is_dir()]
-
-
 def secret_paths() -> list[Path]:
-    """The credential files and folders of `SECRET_PATHS` this user has."""
+    """The credential files and folders of `SECRET_PATHS` this user has, and the session's sockets."""
     home = Path.home()
-    return [home / rel for rel in SECRET_PATHS if (home / rel).exists()]
+    runtime = settings.foreign("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
+    found = [home / rel for rel in SECRET_PATHS] + [Path(p) for p in (*SERVICE_SOCKETS, runtime)]
+    return [p for p in found if os.path.lexists(p)]
 
 
 def make_sandbox(worktree: Path, tmp_dir: Path, *, network: bool = False, enabled: bool = True) -> Sandbox:
-    """A sandbox for commands in `worktree`; raises SandboxUnavailable with install advice."""
-    writable = [worktree, tmp_dir, *cache_dirs()]
+    """A sandbox for commands in `worktree`; raises SandboxUnavailable with install advice.
+
+    The user's own cache folders stay read-only: tools run what they keep there (pip's built
+    wheels, pre-commit's hooks, locals' compiled automata), so a command writing there could
+    run code outside the sandbox later. Commands get a private cache in their temp folder."""
+    (tmp_dir / "cache").mkdir(parents=True, exist_ok=True)
+    writable = [worktree, tmp_dir]
     if not enabled:
         return Sandbox(writable, network=True, kind="none", tmp_dir=tmp_dir)
     if sys.platform == "darwin":

@@ -44,22 +44,34 @@ async def test_commands_write_in_the_worktree_and_temp_only(area):
 
 
 @pytest.mark.needs_sandbox
-async def test_the_users_credentials_are_out_of_sight(area, monkeypatch):
+async def test_the_users_credentials_and_session_services_are_out_of_sight(area, monkeypatch):
     worktree, tmp, _ = area
     home = Path(tempfile.mkdtemp(dir="/var/tmp"))  # outside the private /tmp, as a real home is
     try:
         (home / ".ssh").mkdir()
         (home / ".ssh" / "id_rsa").write_text("SECRETKEY")
         (home / ".netrc").write_text("machine example.com password hunter2")
+        (home / ".cache").mkdir()
+        (home / "run").mkdir()
+        (home / "run" / "bus").write_text("a session service's socket")
         monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(home / "run"))
         monkeypatch.setenv("MY_API_TOKEN", "abc123")
-        probe = "cat ~/.ssh/id_rsa ~/.netrc; env"
+        monkeypatch.setenv("APP_DB", "postgres://app:dbpass@db/app")
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(home / "run" / "bus"))
+        probe = (f"cat ~/.ssh/id_rsa ~/.netrc {home}/run/bus; env; echo x > {home}/.cache/poison; "
+                 'echo y > "$XDG_CACHE_HOME/own" && echo private-cache-ok')
         confined = await run_confined(probe, worktree, make_sandbox(worktree, tmp))
+        poisoned = (home / ".cache" / "poison").exists()
         unconfined = await run_confined(probe, worktree, make_sandbox(worktree, tmp, enabled=False))
     finally:
         shutil.rmtree(home)
-    assert not any(secret in confined.output for secret in ("SECRETKEY", "hunter2", "abc123")), confined.output
-    assert f"HOME={home}" in confined.output  # the rest of the environment is the user's
+    out = confined.output
+    assert not any(secret in out for secret in ("SECRETKEY", "hunter2", "abc123", "dbpass", "service's socket")), out
+    assert "SSH_AUTH_SOCK" not in out and "private-cache-ok" in out
+    assert f"HOME={home}" in out  # the rest of the environment is the user's
+    assert not poisoned and "Read-only file system" in out  # the user's cache: tools run what they keep there
     assert "SECRETKEY" in unconfined.output and "MY_API_TOKEN=abc123" in unconfined.output  # --no-sandbox: all
 
 
@@ -101,7 +113,7 @@ def test_macos_profile_allows_writes_only_in_the_given_folders(tmp_path):
         profile = macos_profile(Sandbox([tmp_path], kind="sandbox-exec"))
     assert "(deny file-write*)" in profile and f'(subpath "{tmp_path.resolve()}")' in profile
     assert "(deny network*)" in profile
-    assert f'(deny file-read* (subpath "{(tmp_path / ".ssh").resolve()}"))' in profile
+    assert f'(deny file-read* (subpath "{(tmp_path / ".ssh").resolve()}")' in profile
 
 
 @pytest.mark.needs_sandbox
