@@ -46,6 +46,7 @@ class Checker:
         if not patch.strip():
             # An unchanged tree can pass a check that already passed before; that is no solution.
             return CheckVerdict(False, "no file has been changed yet: write the code first", "")
+        await asyncio.to_thread(self.area.clear_bytecode, worktree)
         result = await run_confined(self.command, worktree, sandbox, timeout_s=self.timeout_s)
         await asyncio.to_thread(self.area.restore, worktree, baseline, patch)  # what the check wrote goes
         status = "timed out" if result.timed_out else f"exit code {result.returncode}"

@@ -4,6 +4,7 @@ confined to one worktree (paths cannot leave it; `run` goes through the sandbox)
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from agents.sandbox import Sandbox, cap_text, run_confined
 
 SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 READ_CAP = 16_000
+EDIT_MAX_BYTES = 4_000_000  # edit_file reads the whole file: past this, `run` with sed or a script
 LIST_CAP = 400
 SEARCH_CAP = 80
 
@@ -91,7 +93,7 @@ class Toolbox:
         try:
             if name == "run":
                 return await self._run(_arg(args, "command"))
-            return getattr(self, "_" + name)(args)
+            return await asyncio.to_thread(getattr(self, "_" + name), args)  # file work off the event loop
         except ToolInputError as exc:
             return ToolOutcome(f"error: {exc}", ok=False)
         except OSError as exc:
@@ -127,10 +129,25 @@ class Toolbox:
         return ToolOutcome("\n".join(files) or "(no files)")
 
     def _read_file(self, args: dict[str, Any]) -> ToolOutcome:
+        path = self._regular_file(args)
+        size = path.stat().st_size
+        if size <= 2 * READ_CAP:
+            return ToolOutcome(cap_text(path.read_text(errors="replace"), READ_CAP) or "(empty file)")
+        with open(path, "rb") as f:  # only the head and the tail of a big file are read, as shown
+            head = f.read(READ_CAP // 2)
+            f.seek(size - READ_CAP // 2)
+            tail = f.read()
+        return ToolOutcome(f"{head.decode(errors='replace')}\n... ({size - len(head) - len(tail)} bytes cut) ...\n"
+                           f"{tail.decode(errors='replace')}")
+
+    def _regular_file(self, args: dict[str, Any]) -> Path:
+        """The file `args["path"]` names, refusing what is not a regular file (a FIFO would block)."""
         path = self.resolve(_arg(args, "path"))
-        if not path.is_file():
+        if not path.exists():
             raise ToolInputError(f"{args['path']} does not exist")
-        return ToolOutcome(cap_text(path.read_text(errors="replace"), READ_CAP) or "(empty file)")
+        if not path.is_file():
+            raise ToolInputError(f"{args['path']} is not a regular file")
+        return path
 
     def _search(self, args: dict[str, Any]) -> ToolOutcome:
         pattern = _arg(args, "pattern")
@@ -164,6 +181,8 @@ class Toolbox:
         content = args.get("content")
         if not isinstance(content, str):
             raise ToolInputError("content must be a string")
+        if path.exists() and not path.is_file():
+            raise ToolInputError(f"{args['path']} exists and is not a regular file")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
         return ToolOutcome(f"wrote {path.relative_to(self.root)} ({len(content)} characters)", changed=True)
@@ -173,8 +192,13 @@ class Toolbox:
         old, new = _arg(args, "old_text"), args.get("new_text")
         if not isinstance(new, str):
             raise ToolInputError("new_text must be a string")
-        if not path.is_file():
+        if not path.exists():
             raise ToolInputError(f"{args['path']} does not exist; use write_file to create it")
+        if not path.is_file():
+            raise ToolInputError(f"{args['path']} is not a regular file")
+        if path.stat().st_size > EDIT_MAX_BYTES:
+            raise ToolInputError(f"{args['path']} is over {EDIT_MAX_BYTES // 1_000_000} MB; change it with `run` "
+                                 "(sed, a script)")
         text = path.read_text(errors="surrogateescape")  # bytes that are not UTF-8 are written back as they were
         count = text.count(old)
         if count != 1:

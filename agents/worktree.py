@@ -152,6 +152,20 @@ class RunArea:
             wt.apply("--binary", "--whitespace=nowarn", str(patch_file))
         wt.add("-A")
 
+    @staticmethod
+    def clear_bytecode(worktree: Path) -> None:
+        """Remove Python's bytecode caches before a check: commands run without writing them
+        (PYTHONDONTWRITEBYTECODE), and ones an agent wrote itself, which no patch carries, could
+        make code that is not in its patch pass."""
+        for folder, dirs, files in os.walk(worktree):
+            dirs[:] = [d for d in dirs if d != ".git"]
+            for name in [d for d in dirs if d == "__pycache__"]:
+                shutil.rmtree(Path(folder) / name, ignore_errors=True)
+                dirs.remove(name)
+            for name in files:
+                if name.endswith((".pyc", ".pyo")):
+                    (Path(folder) / name).unlink(missing_ok=True)
+
     def changed_files(self, patch_file: Path) -> tuple[list[str], list[str]]:
         """The paths a patch touches, as git reads them ("added\tdeleted\tpath" a file), and those
         it creates."""

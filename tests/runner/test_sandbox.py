@@ -146,6 +146,28 @@ async def test_edit_search_and_list(area):
     assert "unknown tool" in (await readonly.execute("write_file", {"path": "x", "content": ""})).text
 
 
+async def test_a_fifo_or_a_huge_file_never_stalls_the_runner(area):
+    import os
+
+    worktree, tmp, _ = area
+    tools = Toolbox(worktree, Sandbox([worktree, tmp], kind="none", tmp_dir=tmp), WRITE_TOOLS)
+    os.mkfifo(worktree / "pipe")  # opened, it would block until a writer came
+    for name, args in (("read_file", {"path": "pipe"}), ("write_file", {"path": "pipe", "content": "x"}),
+                       ("edit_file", {"path": "pipe", "old_text": "a", "new_text": "b"})):
+        result = await asyncio.wait_for(tools.execute(name, args), 5)
+        assert not result.ok and "not a regular file" in result.text, name
+    with open(worktree / "big.txt", "wb") as f:  # 3 GB, sparse: read whole, it would fill the memory
+        f.write(b"first line\n")
+        f.truncate(3_000_000_000)
+        f.seek(3_000_000_000 - 10)
+        f.write(b"last line\n")
+    read = await asyncio.wait_for(tools.execute("read_file", {"path": "big.txt"}), 5)
+    assert read.ok and read.text.startswith("first line") and read.text.endswith("last line\n")
+    assert "bytes cut" in read.text and len(read.text) < 20_000
+    edit = await tools.execute("edit_file", {"path": "big.txt", "old_text": "first", "new_text": "1st"})
+    assert not edit.ok and "change it with `run`" in edit.text
+
+
 @pytest.mark.needs_sandbox
 async def test_a_tool_call_the_files_cannot_take_is_the_agents_error_not_the_runs(area):
     worktree, tmp, _ = area

@@ -89,3 +89,14 @@ def test_what_deserves_a_second_look_is_pointed_out():
                      "it changes .gitattributes",
                      "it adds what looks like a git folder (vendor/x/): git run there obeys its config"]
     assert review_notes(["calc.py", "test_new.py"], created=["test_new.py"]) == []  # a new test is no concern
+
+
+def test_bytecode_an_agent_left_is_gone_before_a_check(area):
+    worktree, _ = _worktree(area)
+    (worktree / "pkg" / "__pycache__").mkdir(parents=True)
+    (worktree / "pkg" / "__pycache__" / "app.cpython-311.pyc").write_bytes(b"compiled from code not in the patch")
+    (worktree / "old.pyc").write_bytes(b"x")
+    (worktree / "app.py").write_text("x = 1\n")
+    area.clear_bytecode(worktree)
+    assert not (worktree / "pkg" / "__pycache__").exists() and not (worktree / "old.pyc").exists()
+    assert (worktree / "app.py").exists() and (worktree / ".git").exists()
