@@ -78,11 +78,12 @@ def set_value(text: str, fmt: str, path: KeyPath, value: Any) -> str:
     return _dump_structured(doc, fmt)
 
 
-def delete_value(text: str, fmt: str, path: KeyPath) -> str:
-    """The document without `path`; parents we leave empty are removed too."""
+def delete_value(text: str, fmt: str, path: KeyPath, keep: int = 0) -> str:
+    """The document without `path`; parents we leave empty are removed too, but for the first `keep`
+    (there before us)."""
     if fmt in JSON_FORMATS:
         text = jsonc.delete(text, path, fmt == "json5")
-        for depth in range(len(path) - 1, 0, -1):
+        for depth in range(len(path) - 1, keep, -1):
             if jsonc.get(text, path[:depth], fmt == "json5") == {}:
                 text = jsonc.delete(text, path[:depth], fmt == "json5")
         return text
@@ -95,7 +96,7 @@ def delete_value(text: str, fmt: str, path: KeyPath) -> str:
         parents.append(nxt)
     comments = _comments_in(parents[-1].get(path[-1])) if fmt == "toml" else []
     parents[-1].pop(path[-1], None)
-    for depth in range(len(path) - 1, 0, -1):
+    for depth in range(len(path) - 1, keep, -1):
         if len(parents[depth]) == 0:
             parents[depth - 1].pop(path[depth - 1], None)
     for comment in comments:  # locals writes no comments: one inside its table is the user's, kept
@@ -155,6 +156,7 @@ class KeyRecord:
     written: Any
     before: Any = None
     existed_before: bool = False
+    parents_before: int = 0  # how many of its parent objects were there before: undo leaves those
 
 
 @dataclass
@@ -276,10 +278,11 @@ def apply(tool: str, path: Path, values: dict[KeyPath, Any], fmt: str | None = N
         records.append(record)
     known = {tuple(k.path): k for k in record.keys}
     for key_path, value in values.items():
+        key_path, value, parents = _widened(text, fmt, key_path, value)
         if key_path not in known:  # a second setup keeps the value from before the first
             before = get_value(text, fmt, key_path) if text.strip() else MISSING
             known[key_path] = KeyRecord(list(key_path), value, None if before is MISSING else before,
-                                        before is not MISSING)
+                                        before is not MISSING, parents)
         known[key_path].written = value
         text = set_value(text, fmt, key_path, value)
     record.keys = list(known.values())
@@ -288,6 +291,22 @@ def apply(tool: str, path: Path, values: dict[KeyPath, Any], fmt: str | None = N
     record.hash_written = _sha(data)
     _save_manifest(records)
     return record
+
+
+def _widened(text: str, fmt: str, path: KeyPath, value: Any) -> tuple[KeyPath, Any, int]:
+    """Where a write to `path` really lands, and how many parent objects are there already: a
+    parent that holds a plain value (OpenClaw's `agents.defaults.model: "x"`) is replaced whole,
+    so that parent is what is recorded, and undone to its value."""
+    for depth in range(1, len(path)):
+        held = get_value(text, fmt, path[:depth]) if text.strip() else MISSING
+        if held is MISSING:
+            return path, value, depth - 1
+        if not isinstance(held, dict):
+            nested: Any = value
+            for key in reversed(path[depth:]):
+                nested = {key: nested}
+            return path[:depth], nested, depth - 1
+    return path, value, len(path) - 1
 
 
 def _missing_dirs(folder: Path) -> list[Path]:
@@ -351,7 +370,7 @@ def _revert_file(record: FileRecord) -> str:
             if key.existed_before:
                 text = set_value(text, record.format, key_path, key.before)
             else:
-                text = delete_value(text, record.format, key_path)
+                text = delete_value(text, record.format, key_path, key.parents_before)
     except (ValueError, ConfigFileError) as exc:
         fix = "fix the file and run `locals disconnect` again" + (
             f", or restore the copy from before setup: {record.backup}" if record.backup else "")

@@ -278,3 +278,15 @@ def test_openclaw_setup_reads_and_undoes_its_json5_config(tmp_path, monkeypatch)
         (str(config.resolve()), "removed locals' settings (the file was edited since setup)")]
     assert jsonc.loads(config.read_text(), allow_json5=True) == {
         "agents": {"defaults": {"workspace": "~/w"}}, "gateway": {"port": 18790}}
+
+
+def test_undo_after_the_users_edits_gives_back_a_plain_value_setup_replaced_and_keeps_their_empty_objects(tmp_path):
+    path = tmp_path / "openclaw.json"
+    path.write_text('{"agents": {"defaults": {"model": "anthropic/claude"}}, "provider": {}, "theme": "dark"}\n')
+    configfiles.apply("openclaw", path, {("agents", "defaults", "model", "primary"): "locals/smollm2",
+                                         ("provider", "locals"): {"npm": "x"}})
+    assert jsonc.get(path.read_text(), ("agents", "defaults", "model")) == {"primary": "locals/smollm2"}
+    path.write_text(path.read_text().replace('"dark"', '"light"'))  # the user's edit since: key-level undo
+    configfiles.revert("openclaw")
+    assert jsonc.loads(path.read_text()) == {"agents": {"defaults": {"model": "anthropic/claude"}}, "provider": {},
+                                             "theme": "light"}
