@@ -219,7 +219,8 @@ class Team:
             async with self.git_lock:
                 applied = await asyncio.to_thread(apply_patch, self.area, patch, f"p{part.index + 1}")
             if applied.applied:
-                note = f"note: {'; '.join(applied.notes)}" if applied.notes else ""
+                notes = applied.notes + _unpatched_note(winner.verdict.unpatched)
+                note = f"note: {'; '.join(notes)}" if notes else ""
                 self._part_done(part.index, "applied", winner=winner.agent, files=applied.files, detail=note,
                                 patch=patch)
             else:
@@ -233,6 +234,15 @@ class Team:
         report = self.report.parts[index]
         report.status, report.winner, report.files, report.detail = status, winner, files or [], detail
         self.on_event(PartDone(index, status, winner, report.files, detail, patch))
+
+
+def _unpatched_note(paths: list[str]) -> list[str]:
+    """The files ignore rules kept out of the winning patch that were beside its check."""
+    if not paths:
+        return []
+    shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+    return [f"its check ran beside files your ignore rules keep out of the patch ({shown}): it may not pass on "
+            "your tree without them"]
 
 
 async def race(agents: list[Agent]) -> AgentResult | None:

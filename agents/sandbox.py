@@ -39,6 +39,9 @@ SECRET_PATHS = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".config/gcloud", "
 # Sockets of services that would act for the user outside the sandbox (a file socket is reached
 # whatever the network namespace): hidden, like the variables that name them.
 SERVICE_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/podman", "/run/dbus")
+# ... and where desktop apps keep theirs under the home folder (Docker Desktop, Colima, Rancher
+# Desktop, OrbStack, 1Password's ssh agent).
+HOME_SOCKETS = (".docker/desktop", ".docker/run", ".colima", ".rd", ".orbstack", ".1password")
 SERVICE_VARIABLES = ("SSH_AUTH_SOCK", "DBUS_SESSION_BUS_ADDRESS", "XDG_RUNTIME_DIR", "DISPLAY", "WAYLAND_DISPLAY",
                      "GPG_AGENT_INFO", "DOCKER_HOST")
 # Environment variables whose names say they hold a secret are not passed to confined commands.
@@ -83,7 +86,7 @@ class Sandbox:
             env = {k: v for k, v in env.items()
                    if not (SECRET_NAME.search(k) or SECRET_VALUE.search(v) or k in SERVICE_VARIABLES)}
             if self.tmp_dir is not None:  # the user's cache folders are read-only here (make_sandbox)
-                env["XDG_CACHE_HOME"] = str(self.tmp_dir / "cache")
+                env["XDG_CACHE_HOME"] = str(private_cache(self.tmp_dir))
         # Bytecode caches would otherwise show up in the agents' diffs.
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         # The OpenBLAS preload locals adds for its own speed hangs bwrap (its threads start
@@ -97,11 +100,19 @@ class Sandbox:
         return env
 
 
+def private_cache(tmp_dir: Path) -> Path:
+    """The cache folder confined commands get (`XDG_CACHE_HOME`), made in their temp folder."""
+    (tmp_dir / "cache").mkdir(parents=True, exist_ok=True)
+    return tmp_dir / "cache"
+
+
 def secret_paths() -> list[Path]:
     """The credential files and folders of `SECRET_PATHS` this user has, and the session's sockets."""
     home = Path.home()
     runtime = settings.foreign("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}"
-    found = [home / rel for rel in SECRET_PATHS] + [Path(p) for p in (*SERVICE_SOCKETS, runtime)]
+    named = [settings.foreign("SSH_AUTH_SOCK") or "", (settings.foreign("DOCKER_HOST") or "").removeprefix("unix://")]
+    found = [home / rel for rel in (*SECRET_PATHS, *HOME_SOCKETS)]
+    found += [Path(p) for p in (*SERVICE_SOCKETS, runtime, *named) if p.startswith("/")]
     return [p for p in found if os.path.lexists(p)]
 
 
@@ -110,8 +121,8 @@ def make_sandbox(worktree: Path, tmp_dir: Path, *, network: bool = False, enable
 
     The user's own cache folders stay read-only: tools run what they keep there (pip's built
     wheels, pre-commit's hooks, locals' compiled automata), so a command writing there could
-    run code outside the sandbox later. Commands get a private cache in their temp folder."""
-    (tmp_dir / "cache").mkdir(parents=True, exist_ok=True)
+    run code outside the sandbox later. Commands get a private cache in their temp folder (made
+    by the runner, `private_cache`)."""
     writable = [worktree, tmp_dir]
     if not enabled:
         return Sandbox(writable, network=True, kind="none", tmp_dir=tmp_dir)

@@ -33,6 +33,9 @@ _PATCH = ("--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-rena
           "--dst-prefix=b/")
 
 
+_CACHE_PATH = re.compile(r"(^|/)(__pycache__|\.pytest_cache|\.mypy_cache|\.ruff_cache)/|\.py[cod]$|(^|/)\.DS_Store$")
+
+
 class ProjectError(LocalsError):
     """The --dir folder cannot host worktrees (not a git repository, no commit yet)."""
 
@@ -166,6 +169,12 @@ class RunArea:
                 if name.endswith((".pyc", ".pyo")):
                     (Path(folder) / name).unlink(missing_ok=True)
 
+    def unpatched_files(self, worktree: Path) -> list[str]:
+        """Files in the worktree that ignore rules keep out of its patch (build caches aside): a check
+        that passes beside them may not pass on the user's tree, so the runner says so."""
+        listed = self.git(worktree).ls_files("--others", "--ignored", "--exclude-standard", "-z").split("\0")
+        return [path for path in listed if path and not _CACHE_PATH.search(path)]
+
     def changed_files(self, patch_file: Path) -> tuple[list[str], list[str]]:
         """The paths a patch touches, as git reads them ("added\tdeleted\tpath" a file), and those
         it creates."""
@@ -224,7 +233,8 @@ def apply_patch(area: RunArea, patch: str, label: str) -> ApplyResult:
     return ApplyResult(True, files, notes=review_notes(files, created))
 
 
-_TEST_PATH = re.compile(r"(^|/)(tests?/|test_[^/]*$|[^/]*_test\.\w+$|[^/]*\.(spec|test)\.\w+$)")
+_TEST_PATH = re.compile(r"(^|/)(tests?/|__tests__/|spec/|test_[^/]*$|conftest\.py$|[^/]*_(test|spec)\.\w+$"
+                        r"|[^/]*\.(spec|test)\.\w+$)")
 
 
 def review_notes(files: list[str], created: list[str]) -> list[str]:

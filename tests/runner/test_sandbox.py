@@ -54,13 +54,15 @@ async def test_the_users_credentials_and_session_services_are_out_of_sight(area,
         (home / ".cache").mkdir()
         (home / "run").mkdir()
         (home / "run" / "bus").write_text("a session service's socket")
+        (home / "agents").mkdir()
+        (home / "agents" / "ssh.sock").write_text("an ssh agent's socket")
         monkeypatch.setenv("HOME", str(home))
         monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
         monkeypatch.setenv("XDG_RUNTIME_DIR", str(home / "run"))
         monkeypatch.setenv("MY_API_TOKEN", "abc123")
         monkeypatch.setenv("APP_DB", "postgres://app:dbpass@db/app")
-        monkeypatch.setenv("SSH_AUTH_SOCK", str(home / "run" / "bus"))
-        probe = (f"cat ~/.ssh/id_rsa ~/.netrc {home}/run/bus; env; echo x > {home}/.cache/poison; "
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(home / "agents" / "ssh.sock"))  # wherever it is, hidden
+        probe = (f"cat ~/.ssh/id_rsa ~/.netrc {home}/run/bus {home}/agents/ssh.sock; env; echo x > {home}/.cache/poison; "
                  'echo y > "$XDG_CACHE_HOME/own" && echo private-cache-ok')
         confined = await run_confined(probe, worktree, make_sandbox(worktree, tmp))
         poisoned = (home / ".cache" / "poison").exists()
@@ -68,7 +70,8 @@ async def test_the_users_credentials_and_session_services_are_out_of_sight(area,
     finally:
         shutil.rmtree(home)
     out = confined.output
-    assert not any(secret in out for secret in ("SECRETKEY", "hunter2", "abc123", "dbpass", "service's socket")), out
+    assert not any(secret in out for secret in ("SECRETKEY", "hunter2", "abc123", "dbpass", "service's socket",
+                                                   "agent's socket")), out
     assert "SSH_AUTH_SOCK" not in out and "private-cache-ok" in out
     assert f"HOME={home}" in out  # the rest of the environment is the user's
     assert not poisoned and "Read-only file system" in out  # the user's cache: tools run what they keep there

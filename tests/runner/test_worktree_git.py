@@ -100,3 +100,25 @@ def test_bytecode_an_agent_left_is_gone_before_a_check(area):
     area.clear_bytecode(worktree)
     assert not (worktree / "pkg" / "__pycache__").exists() and not (worktree / "old.pyc").exists()
     assert (worktree / "app.py").exists() and (worktree / ".git").exists()
+
+
+def test_files_ignore_rules_keep_out_of_the_patch_are_named(area):
+    worktree, baseline = _worktree(area)
+    (worktree / "calc").mkdir()
+    (worktree / "calc" / ".gitignore").write_text("*\n")  # it ignores itself too: no patch shows it
+    (worktree / "calc" / "__init__.py").write_text("def add(a, b):\n    return a + b\n")
+    (worktree / "__pycache__").mkdir()
+    (worktree / "__pycache__" / "x.pyc").write_bytes(b"a cache, not worth a note")
+    (worktree / "README.md").write_text("changed\n")
+    assert "calc/" not in area.diff(worktree, baseline)
+    assert sorted(area.unpatched_files(worktree)) == ["calc/.gitignore", "calc/__init__.py"]
+
+
+async def test_a_change_git_cannot_take_is_the_agents_to_fix(area):
+    from agents.check import Checker
+    from agents.sandbox import Sandbox
+
+    worktree, baseline = _worktree(area)
+    git(worktree, "init", "-q", "nested")  # a repository with no commit: `git add` refuses it
+    verdict = await Checker(area, "true").check(worktree, baseline, Sandbox([worktree], kind="none"))
+    assert not verdict.passed and "git cannot take your changes" in verdict.output and "nested" in verdict.output
