@@ -140,11 +140,11 @@ class Toolbox:
         return ToolOutcome(f"{head.decode(errors='replace')}\n... ({size - len(head) - len(tail)} bytes cut) ...\n"
                            f"{tail.decode(errors='replace')}")
 
-    def _regular_file(self, args: dict[str, Any]) -> Path:
+    def _regular_file(self, args: dict[str, Any], missing: str = "does not exist", for_write: bool = False) -> Path:
         """The file `args["path"]` names, refusing what is not a regular file (a FIFO would block)."""
-        path = self.resolve(_arg(args, "path"))
+        path = self.resolve(_arg(args, "path"), for_write=for_write)
         if not path.exists():
-            raise ToolInputError(f"{args['path']} does not exist")
+            raise ToolInputError(f"{args['path']} {missing}")
         if not path.is_file():
             raise ToolInputError(f"{args['path']} is not a regular file")
         return path
@@ -188,14 +188,10 @@ class Toolbox:
         return ToolOutcome(f"wrote {path.relative_to(self.root)} ({len(content)} characters)", changed=True)
 
     def _edit_file(self, args: dict[str, Any]) -> ToolOutcome:
-        path = self.resolve(_arg(args, "path"), for_write=True)
         old, new = _arg(args, "old_text"), args.get("new_text")
         if not isinstance(new, str):
             raise ToolInputError("new_text must be a string")
-        if not path.exists():
-            raise ToolInputError(f"{args['path']} does not exist; use write_file to create it")
-        if not path.is_file():
-            raise ToolInputError(f"{args['path']} is not a regular file")
+        path = self._regular_file(args, "does not exist; use write_file to create it", for_write=True)
         if path.stat().st_size > EDIT_MAX_BYTES:
             raise ToolInputError(f"{args['path']} is over {EDIT_MAX_BYTES // 1_000_000} MB; change it with `run` "
                                  "(sed, a script)")
