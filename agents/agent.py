@@ -22,6 +22,18 @@ from locals.errors import LocalsError
 log = logging.getLogger(__name__)
 
 NUDGE = "Reply with a tool call. When the work is done, call finish."
+
+
+def _nudge(reply, max_tokens: int) -> str:
+    """What the agent is told after a reply with no call: a call cut off by the token limit
+    (not run, the server drops it) asks for smaller pieces."""
+    if not reply.cut_call:
+        return NUDGE
+    return (f"Your {reply.cut_call} call was cut off at the {max_tokens}-token reply limit and was not run. "
+            "Make it smaller: change a file with edit_file rather than rewrite it, or write a short first "
+            "version and extend it with edit_file.")
+
+
 CheckFn = Callable[[], Awaitable[CheckVerdict]]
 
 
@@ -110,8 +122,9 @@ class Agent:
             self.result.completion_tokens += reply.completion_tokens
             self.messages.append(reply.assistant_message())
             if not reply.tool_calls:
-                self.messages.append({"role": "user", "content": NUDGE})
-                self._emit("(answered in text, no tool call)")
+                self.messages.append({"role": "user", "content": _nudge(reply, self.sampling.max_tokens)})
+                self._emit(f"({reply.cut_call} cut off at max_tokens)" if reply.cut_call
+                           else "(answered in text, no tool call)")
                 continue
             for i, call in enumerate(reply.tool_calls):
                 if await self._handle(call):

@@ -44,6 +44,7 @@ class ChatReply:
     finish_reason: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cut_call: str = ""  # a call max_tokens cut off, which locals did not return (`locals.cut_tool_call`)
 
     def assistant_message(self) -> dict[str, Any]:
         """The message to append to the conversation so the next turn sees this reply."""
@@ -195,6 +196,7 @@ def parse_reply(data: dict[str, Any]) -> ChatReply:
         finish_reason=choice.get("finish_reason") or "",
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         completion_tokens=int(usage.get("completion_tokens") or 0),
+        cut_call=str((data.get("locals") or {}).get("cut_tool_call") or ""),
     )
 
 

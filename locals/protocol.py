@@ -87,6 +87,9 @@ class TokenEvent:
     text: str
     logprobs: list[TokenLogprob] | None = None
     forced: bool = False
+    # Part of the ending the constraint wrote because the budget or a guard ended the reply: a
+    # tool call it completed was cut off, and is not handed on as a call (server/backend.py).
+    closing: bool = False
 
 
 # Why a request ended: "stop" (EOS, a stop string or token, the constraint complete), "length"

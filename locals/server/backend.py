@@ -96,6 +96,7 @@ class Done:
     error: str | None = None
     prompt_s: float = 0.0  # from the request reaching the engine to its first token
     stop_sequence: str | None = None  # the request's stop string that ended the reply
+    cut_call: str | None = None  # the tool whose call the limit or a guard cut off (not handed on)
 
 
 Output = Text | ToolCall | Done
@@ -293,6 +294,7 @@ class Backend:
             record.guards.append(STEERED)
         finish, usage = "cancelled", Usage(prompt_tokens=len(request.prompt_tokens))
         submitted, first_at, heard = time.perf_counter(), None, []
+        cut = CutCalls()
         try:
             if announce:
                 yield ACCEPTED
@@ -300,10 +302,11 @@ class Backend:
             async with aclosing(self.engine.stream(request)) as events:
                 async for event in events:
                     if isinstance(event, FinishEvent):
-                        for piece in splitter.finish():
+                        for piece in cut.kept(splitter.finish()):
                             yield _wrap(piece)
-                        done = self._done(event, bool(splitter.calls), (first_at or time.perf_counter()) - submitted,
-                                          heard)
+                        done = self._done(event, len(splitter.calls) > len(cut.names),
+                                          (first_at or time.perf_counter()) - submitted, heard)
+                        done.cut_call = cut.last(chat.api, request.id)
                         finish, usage = done.reason, done.usage
                         yield done
                         return
@@ -312,7 +315,8 @@ class Backend:
                     usage.completion_tokens += len(event.tokens)
                     heard.append(event)
                     record.completion_tokens = usage.completion_tokens  # the dashboard's row counts as it goes
-                    pieces = [_wrap(p) for p in splitter.feed(event.text)]
+                    cut.closing = cut.closing or event.closing
+                    pieces = [_wrap(p) for p in cut.kept(splitter.feed(event.text))]
                     if event.logprobs and not any(isinstance(p, Text) for p in pieces):
                         pieces.insert(0, Text(""))
                     for piece in pieces:
@@ -320,7 +324,7 @@ class Backend:
                             piece.logprobs, event.logprobs = event.logprobs, None
                         yield piece
         finally:
-            record.tool_calls = len(splitter.calls)
+            record.tool_calls = len(splitter.calls) - len(cut.names)
             self.activity.end(record, finish, usage.completion_tokens, usage.cached_tokens)
             if finish == "cancelled":  # the access log has no line for a request whose client left
                 log.info("%s request %s cancelled: the client left after %d tokens", chat.api,
@@ -366,8 +370,40 @@ GUARD_REASONS = {"loop", "tool_loop", "memory", "cancelled"}
 
 
 def guard_detail(done: Done) -> dict:
-    """{"locals": {"finish_reason": …}} when a guard ended the reply, else {} (merged into replies)."""
-    return {"locals": {"finish_reason": done.reason}} if done.reason in GUARD_REASONS else {}
+    """{"locals": {"finish_reason": …}} when a guard ended the reply, and {"cut_tool_call": name}
+    when a call was cut off; else {} (merged into replies)."""
+    detail = {"finish_reason": done.reason} if done.reason in GUARD_REASONS else {}
+    if done.cut_call:
+        detail["cut_tool_call"] = done.cut_call
+    return {"locals": detail} if detail else {}
+
+
+class CutCalls:
+    """Holds back the tool calls a reply's forced ending completed. When `max_tokens` or a
+    guard ends a reply inside a call, the constraint closes it so the text parses, but its
+    arguments are cut short: a command cut at `rm -rf /home` or a file cut mid-way would run
+    as if whole. Such a call is dropped (as a cut-off call is unusable from OpenAI or Anthropic);
+    the finish reason says why and `locals.cut_tool_call` names it."""
+
+    def __init__(self):
+        self.closing = False  # set once the engine sent the first token of the forced ending
+        self.names: list[str] = []
+
+    def kept(self, pieces) -> list:
+        out = []
+        for piece in pieces:
+            if self.closing and isinstance(piece, ToolCall):
+                self.names.append(piece.name)
+            else:
+                out.append(piece)
+        return out
+
+    def last(self, api: str, request_id: str) -> str | None:
+        if not self.names:
+            return None
+        log.warning("%s request %s: the reply ended inside a call to %s (max_tokens or a guard); the cut-off "
+                    "call was not returned", api, request_id, self.names[-1])
+        return self.names[-1]
 
 
 def _with_note(messages: list[dict], note: str) -> list[dict]:

@@ -142,6 +142,9 @@ def test_closing_tokens_when_max_tokens_runs_out(engine, tiny_llama):
     tokens = c.tokens(rid)
     assert len(tokens) == 8 and tokens[-2:] == [9, 10]
     assert c.finish(rid).reason == "length"
+    # the ending is marked, so the server can tell a call it completed was cut off
+    marks = [(t, ev.closing) for ev in c.events[rid] if isinstance(ev, TokenEvent) for t in ev.tokens]
+    assert [m for _, m in marks] == [False] * 6 + [True, True]
 
 
 def test_raising_constraint_fails_only_its_request(engine, tiny_llama):

@@ -36,6 +36,12 @@ def calls(*tool_calls: dict[str, Any], content: str = "") -> dict[str, Any]:
     return {"content": content, "tool_calls": list(tool_calls)}
 
 
+def cut(name: str) -> dict[str, Any]:
+    """A reply whose call to `name` max_tokens cut off, as locals returns it: no call, finish
+    reason "length", `locals.cut_tool_call` naming it."""
+    return {"content": "", "tool_calls": [], "cut": name}
+
+
 def turn(body: dict[str, Any]) -> int:
     """How many assistant replies the conversation already has (0 on the first request)."""
     return sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
@@ -125,8 +131,8 @@ class FakeOpenAI:
         return web.json_response({
             "id": f"chatcmpl-{next(self._ids)}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", self.model),
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": usage,
+            "choices": [{"index": 0, "message": message, "finish_reason": "length" if reply.get("cut") else finish}],
+            "usage": usage, **({"locals": {"cut_tool_call": reply["cut"]}} if reply.get("cut") else {}),
         })
 
     def _message(self, reply: dict[str, Any]) -> tuple[dict[str, Any], str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 
 import pytest
 
@@ -63,8 +64,19 @@ class Constraints:
         return object()
 
 
+@dataclass
+class CutReply:
+    """A scripted reply the limit or a guard ended: the text from `closing_at` on is the ending
+    the constraint forced (its events marked `closing`), and the request finishes with `reason`."""
+
+    text: str
+    closing_at: int
+    reason: str = "length"
+
+
 class ScriptedEngine:
-    """Replies with the next scripted text (3 characters per event, `delay` s apart)."""
+    """Replies with the next scripted text (3 characters per event, `delay` s apart); a
+    `CutReply` ends as the constraint's forced ending does."""
 
     def __init__(self, replies=None, delay=0.0, cached=0):
         self.replies = list(replies or [])
@@ -86,6 +98,8 @@ class ScriptedEngine:
     async def stream(self, request):
         self.requests.append(request)
         text = self.replies.pop(0) if self.replies else "Hello there."
+        cut = text if isinstance(text, CutReply) else None
+        text = cut.text if cut else text
         sampling = request.sampling
         matched = None
         for stop in sampling.stop:
@@ -103,11 +117,13 @@ class ScriptedEngine:
                     await asyncio.sleep(self.delay)
                 logprobs = ([TokenLogprob(ord(c), -0.5, [(ord(c), -0.5), (ord("x"), -1.5)])
                              for c in chunk] if sampling.logprobs else None)
-                yield TokenEvent(request.id, [ord(c) for c in chunk], chunk, logprobs)
+                closing = cut is not None and produced > cut.closing_at
+                yield TokenEvent(request.id, [ord(c) for c in chunk], chunk, logprobs, closing=closing)
         except (GeneratorExit, asyncio.CancelledError):
             self.cancelled.append(request.id)
             raise
         self.finished += 1
+        reason = cut.reason if cut else reason
         detail = {"stop_sequence": matched} if matched and reason == "stop" else {}
         yield FinishEvent(request.id, reason, Usage(len(request.prompt_tokens), produced, self.cached), None, detail)
 

@@ -12,7 +12,7 @@ from agents.runner import RunOptions, run_team
 from agents.tools import Toolbox
 from locals.client import ChatClient
 
-from tests.helpers.fake_openai import FakeOpenAI, call, calls, text, turn
+from tests.helpers.fake_openai import FakeOpenAI, call, calls, cut, text, turn
 from tests.helpers.runner_project import (BAD_CODE, CHECK, GOOD_CODE, TASK, TESTS, agent_index, coder, git, make_project,
                                           one_part_plan, tool_results, worktrees)
 
@@ -160,6 +160,20 @@ async def test_question_mode_prints_one_answer(tmp_path):
     assert report.ok and report.mode == "question"
     assert report.answer.startswith("notes.txt starts with 'first line'")
     assert_user_state_kept(project)
+
+
+async def test_a_call_cut_off_by_max_tokens_is_explained_to_the_agent(tmp_path):
+    project = make_project(tmp_path)
+
+    def script(body):
+        if turn(body) == 0:
+            return cut("read_file")
+        told = body["messages"][-1]["content"]
+        assert told.startswith("Your read_file call was cut off at the 1024-token reply limit and was not run")
+        return calls(call("finish", summary="notes.txt starts with 'first line'"))
+
+    report = await run(FakeOpenAI(script), options(project, check=None, agents=1, task="What does notes.txt start with?"))
+    assert report.ok and report.answer.startswith("notes.txt starts with")
 
 
 @pytest.mark.needs_sandbox

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers.server_fakes import ScriptedEngine, make_state, start_client
+from tests.helpers.server_fakes import CutReply, ScriptedEngine, make_state, sse_events, start_client
 
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
@@ -67,3 +67,46 @@ async def test_loop_stop_in_anthropic_shape(client, engine):
     body = await resp.json()
     assert resp.status == 200, body
     assert body["stop_reason"] == "end_turn" and body["locals"] == {"finish_reason": "tool_loop"}
+
+
+# A reply the limit ended inside a call: the constraint closed it (from `closing_at` on), so it
+# parses, but the command is cut short and must not run as if whole.
+WHOLE = '<tool_call>{"name": "read_file", "arguments": {"path": "a.py"}}</tool_call>'
+CUT_TEXT = 'Cleaning up. <tool_call>{"name": "read_file", "arguments": {"path": "/home"}}</tool_call>'
+CUT = CutReply(CUT_TEXT, closing_at=CUT_TEXT.index('/home') + len('/home'))
+
+
+async def test_call_cut_by_max_tokens_is_not_returned(client, engine):
+    engine.replies = [CUT]
+    resp = await client.post("/v1/chat/completions", json={
+        "model": "m", "messages": [{"role": "user", "content": "clean"}], "tools": TOOLS})
+    body = await resp.json()
+    choice = body["choices"][0]
+    assert resp.status == 200 and choice["finish_reason"] == "length"
+    assert "tool_calls" not in choice["message"] and choice["message"]["content"] == "Cleaning up."
+    assert body["locals"] == {"cut_tool_call": "read_file"}
+
+
+async def test_whole_call_before_the_cut_one_is_kept(client, engine):
+    text = WHOLE + CUT_TEXT
+    engine.replies = [CutReply(text, closing_at=len(WHOLE) + CUT.closing_at)]
+    resp = await client.post("/v1/chat/completions", json={
+        "model": "m", "messages": [{"role": "user", "content": "go"}], "tools": TOOLS, "stream": True})
+    events = [json.loads(data) for _, data in sse_events(await resp.text()) if data != "[DONE]"]
+    calls = [c for e in events for ch in e["choices"] for c in ch["delta"].get("tool_calls") or []]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"path": "a.py"}]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["locals"] == {"cut_tool_call": "read_file"}
+
+
+async def test_call_cut_by_a_guard_in_anthropic_stream(client, engine):
+    engine.replies = [CutReply(CUT.text, CUT.closing_at, reason="loop")]
+    resp = await client.post("/v1/messages", json={
+        "model": "m", "max_tokens": 500, "stream": True, "messages": [{"role": "user", "content": "go"}],
+        "tools": [{"name": "read_file", "input_schema": TOOLS[0]["function"]["parameters"]}]})
+    events = [json.loads(data) for _, data in sse_events(await resp.text())]
+    blocks = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert blocks == ["text"]
+    delta = next(e for e in events if e["type"] == "message_delta")
+    assert delta["delta"]["stop_reason"] == "end_turn"
+    assert delta["locals"] == {"finish_reason": "loop", "cut_tool_call": "read_file"}

@@ -104,3 +104,31 @@ def test_whitespace_around_calls_is_no_reply_but_leading_text_keeps_it():
         out = feed_all(ToolCallSplitter(hermes()), pieces)
         assert out[0] == "Sure." and isinstance(out[1], ToolCall) and len(out) == 2
     assert "".join(feed_all(ToolCallSplitter(hermes()), ["a ", "b", " c\n"])) == "a b c\n"
+
+
+async def test_a_call_cut_by_max_tokens_on_the_embedded_model_is_not_returned(smollm2):
+    # The real engine and constraint: a required call given room for its shortest form and a few
+    # tokens more is cut inside its arguments and closed; the server hands on no call.
+    from locals.engine import Engine, build_constraint
+    from locals.engine.settings import EngineConfig
+    from locals.protocol import SamplingParams
+    from locals.server.backend import Backend, Chat
+    from tests.helpers.constrain_tools import CODING_TOOLS
+
+    shortest = len(build_constraint(smollm2, tools=CODING_TOOLS, tool_choice="required").closing_tokens())
+    engine = Engine(smollm2, EngineConfig(prefix_cache_bytes=0))
+    engine.start()
+    try:
+        backend = Backend(smollm2, engine)
+        chat = Chat(api="openai", messages=[{"role": "user", "content": "Write a long poem into poem.txt"}],
+                    tools=CODING_TOOLS, tool_choice="required",
+                    sampling=SamplingParams(temperature=0, max_tokens=shortest + 4))
+        result = await backend.complete(chat)
+        whole = await backend.complete(Chat(api="openai", messages=chat.messages, tools=CODING_TOOLS,
+                                            tool_choice="required", parallel_tool_calls=False,
+                                            sampling=SamplingParams(temperature=0, max_tokens=400)))
+    finally:
+        engine.stop()
+    assert result.done.reason == "length" and result.calls == []
+    assert result.done.cut_call in {t["function"]["name"] for t in CODING_TOOLS}
+    assert len(whole.calls) == 1 and whole.done.reason == "tool_calls" and whole.done.cut_call is None

@@ -182,10 +182,13 @@ class Sequence:
             return True
         return False
 
-    def _emit(self, token: int, logprob: TokenLogprob | None, forced: bool) -> None:
+    def _emit(self, token: int, logprob: TokenLogprob | None, forced: bool, closing: bool = False) -> None:
+        # The ending is forced two ways: appended whole here (`_append_closing`), or token by
+        # token by the constraint itself once the budget runs short (`closed_by_budget`).
+        closing = closing or (self.constraint is not None and self.constraint.closed_by_budget)
         self.detok.add_token(token)
         text = self.stop_text.feed(self.detok.last_segment, self._stops_watch)
-        self.sink(TokenEvent(self.id, [token], text, [logprob] if logprob else None, forced))
+        self.sink(TokenEvent(self.id, [token], text, [logprob] if logprob else None, forced, closing))
 
     @property
     def _stops_watch(self) -> bool:
@@ -200,7 +203,7 @@ class Sequence:
         for token in closing:
             self.generated.append(token)
             self.constraint.accept(token)
-            self._emit(token, None, True)
+            self._emit(token, None, True, closing=True)
 
     def _after_constraint_step(self) -> None:
         c = self.constraint
