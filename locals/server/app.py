@@ -27,7 +27,7 @@ async def json_errors(request: web.Request, handler):
     try:
         return await handler(request)
     except RequestError as exc:
-        return error_response(api, exc.status, str(exc))
+        return error_response(api, exc.status, exc.message_for(api), exc.code)
     except (NotReady, ServerStopping) as exc:
         return error_response(api, 503, str(exc))
     except web.HTTPException as exc:

@@ -220,7 +220,7 @@ class Backend:
             room = self.context_length - len(tokens)
             if room <= 0:
                 refusal = overflow.raw_refusal if chat.prompt is not None else overflow.refusal
-                raise RequestError(refusal(len(tokens), self.context_length))
+                raise refusal(len(tokens), self.context_length)
             sampling.max_tokens = max(1, min(sampling.max_tokens, room))
         if self.max_tokens:
             sampling.max_tokens = min(sampling.max_tokens, self.max_tokens)
@@ -263,7 +263,7 @@ class Backend:
             chat.messages or [], lambda messages: self.encode_chat(messages, chat.tools, chat.continue_final),
             lambda text: len(self.loaded.tokenizer.encode(text, add_special_tokens=False)), self.context_length)
         if len(fitted.tokens) >= self.context_length:
-            raise RequestError(overflow.unfittable(len(tokens), self.context_length, len(fitted.tokens)))
+            raise overflow.unfittable(len(tokens), self.context_length, len(fitted.tokens))
         log.warning("%s prompt of %d tokens trimmed to %d for the %d-token context (overflow policy trim): "
                     "dropped %s", chat.api, len(tokens), len(fitted.tokens), self.context_length, fitted.summary())
         chat.messages = fitted.messages

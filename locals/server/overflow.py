@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable
 
-from locals.errors import RequestError
+from locals.errors import ContextOverflow, RequestError
 
 POLICIES = ("refuse", "trim")
 TRUNCATION = {"auto": "trim", "disabled": "refuse"}  # the request field's values → policies
@@ -85,21 +85,21 @@ def needs_trimming(prompt: int, context: int, max_tokens: int) -> bool:
     return context - prompt < min(max_tokens, context // REPLY_SHARE)
 
 
-def refusal(prompt: int, context: int) -> str:
-    return (f"the prompt is {prompt} tokens but the model's context is {context} (overflow policy "
-            "`refuse`); shorten the conversation, or let the server drop the oldest tool results: "
-            "start it with `locals start --overflow trim`, or send `\"truncation\": \"auto\"` with the request")
+def refusal(prompt: int, context: int) -> ContextOverflow:
+    return ContextOverflow(prompt, context, (
+        "the overflow policy is `refuse`: shorten the conversation, or let the server drop the oldest "
+        "tool results: start it with `locals start --overflow trim`, or send `\"truncation\": \"auto\"` "
+        "with the request"))
 
 
-def raw_refusal(prompt: int, context: int) -> str:
-    return (f"the prompt is {prompt} tokens but the model's context is {context}; a raw prompt is the "
-            "client's own text and is never trimmed: shorten it")
+def raw_refusal(prompt: int, context: int) -> ContextOverflow:
+    return ContextOverflow(prompt, context, "a raw prompt is the client's own text and is never trimmed: shorten it")
 
 
-def unfittable(prompt: int, context: int, kept: int) -> str:
-    return (f"the prompt is {prompt} tokens but the model's context is {context}; the overflow policy "
-            f"`trim` dropped every older tool result and message, and the system prompt with the newest "
-            f"turn still takes {kept} tokens: use a model with a longer context (`--model qwen`)")
+def unfittable(prompt: int, context: int, kept: int) -> ContextOverflow:
+    return ContextOverflow(prompt, context, (
+        f"the overflow policy `trim` dropped every older tool result and message, and the system prompt "
+        f"with the newest turn still takes {kept} tokens: use a model with a longer context (`--model qwen`)"))
 
 
 def fit(messages: list[dict], encode: Callable[[list[dict]], list[int]], count: Callable[[str], int],

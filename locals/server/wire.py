@@ -122,16 +122,16 @@ _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                     503: "overloaded_error"}
 
 
-def error_body(api: str, status: int, message: str) -> dict[str, Any]:
-    """The JSON error body each API's clients expect."""
+def error_body(api: str, status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """The JSON error body each API's clients expect (`code`: OpenAI's `error.code`)."""
     if api == "ollama":
         return {"error": message}
     if api == "anthropic":
         kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}
     kind = _OPENAI_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
-def error_response(api: str, status: int, message: str) -> web.Response:
-    return web.json_response(error_body(api, status, message), status=status)
+def error_response(api: str, status: int, message: str, code: str | None = None) -> web.Response:
+    return web.json_response(error_body(api, status, message, code), status=status)

@@ -4,6 +4,7 @@ the policy) or trimmed (oldest tool results first, then old exchanges), through 
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -47,10 +48,25 @@ def prompt_of(engine) -> str:
 async def test_refuse_is_the_default_and_the_400_names_the_policy(served):
     client, engine, _ = served
     resp = await client.post("/v1/chat/completions", json={"messages": agent_session(8), "tools": TOOLS})
-    message = (await resp.json())["error"]["message"]
+    error = (await resp.json())["error"]
+    message = error["message"]
     assert resp.status == 400 and not engine.requests
-    assert f"but the model's context is {CONTEXT}" in message
-    assert "overflow policy `refuse`" in message and "--overflow trim" in message and '"truncation": "auto"' in message
+    # OpenAI's wording and code, which OpenCode, Codex and litellm read as "compact and retry"
+    assert error["code"] == "context_length_exceeded"
+    assert re.match(rf"This model's maximum context length is {CONTEXT} tokens\. However, your messages "
+                    r"resulted in \d+ tokens", message)
+    assert "overflow policy is `refuse`" in message and "--overflow trim" in message and '"truncation": "auto"' in message
+
+
+async def test_the_refusal_in_anthropic_and_ollama_wording(served):
+    client, _, _ = served
+    resp = await client.post("/v1/messages", json={
+        "max_tokens": 100, "messages": [{"role": "user", "content": "x" * (CONTEXT + 10)}]})
+    body = await resp.json()
+    assert resp.status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert re.match(rf"prompt is too long: \d+ tokens > {CONTEXT} maximum; ", body["error"]["message"])
+    resp = await client.post("/api/chat", json={"messages": [{"role": "user", "content": "x" * (CONTEXT + 10)}]})
+    assert resp.status == 400 and "maximum context length is" in (await resp.json())["error"]
 
 
 async def test_a_raw_prompt_past_the_context_is_refused_without_a_trim_hint(served):
@@ -85,7 +101,7 @@ async def test_the_server_setting_trims_and_a_request_can_refuse(served):
     assert resp.status == 200 and "<result 0>" not in prompt_of(engine)
     resp = await client.post("/v1/chat/completions", json={
         "messages": agent_session(8), "tools": TOOLS, "truncation": "disabled"})
-    assert resp.status == 400 and "overflow policy `refuse`" in (await resp.json())["error"]["message"]
+    assert resp.status == 400 and "overflow policy is `refuse`" in (await resp.json())["error"]["message"]
 
 
 async def test_a_prompt_that_fits_is_never_trimmed(served):
