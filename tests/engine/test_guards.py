@@ -91,7 +91,29 @@ def test_tool_loop_counts_identical_calls_in_a_row():
 def test_tool_loop_ignores_argument_order_and_whitespace():
     a = _assistant_call("run", {"cmd": "pytest", "timeout": 5})
     b = {"role": "assistant", "tool_calls": [{"function": {"name": "run", "arguments": '{"timeout":5,  "cmd":"pytest"}'}}]}
-    assert toolloop.find_tool_loop([a, _tool("ok"), b]).count == 2
+    assert toolloop.find_tool_loop([a, _tool("ok"), b, _tool("ok")]).count == 2
+
+
+def test_a_call_whose_result_changes_is_polling_not_a_loop():
+    msgs = [{"role": "user", "content": "build it"}]
+    for done in range(0, 400, 40):  # a background build's output, read again and again
+        msgs += [_assistant_call("BashOutput", {"bash_id": "bash_1"}), _tool(f"compiling crate {done}/400")]
+    assert toolloop.check(msgs) == ("ok", None)
+    for _ in range(4):  # then the same output every time: stuck
+        msgs += [_assistant_call("BashOutput", {"bash_id": "bash_1"}), _tool("compiling crate 360/400")]
+    state, loop = toolloop.check(msgs)
+    assert state == "stop" and loop.count == 5  # the last changing read and 4 more the same
+
+
+def test_results_are_matched_to_parallel_calls_by_id():
+    def two(a_id, b_id):
+        return {"role": "assistant", "tool_calls": [
+            {"id": a_id, "function": {"name": "read", "arguments": '{"p": "a"}'}},
+            {"id": b_id, "function": {"name": "read", "arguments": '{"p": "a"}'}}]}
+    # the results come back in the other order: matched by id, both calls got "same"
+    msgs = [two("1", "2"), {"role": "tool", "tool_call_id": "2", "content": "same"},
+            {"role": "tool", "tool_call_id": "1", "content": "same"}]
+    assert toolloop.find_tool_loop(msgs).count == 2
 
 
 def test_progress_between_calls_is_not_a_loop():
