@@ -67,7 +67,8 @@ def serve(
     max_body_mb: int = typer.Option(32, "--max-body-mb", min=1, help="Largest request body accepted, in MB."),
     max_tokens: Optional[int] = typer.Option(
         None, "--max-tokens", envvar=settings.MAX_TOKENS.name, min=1,
-        help="Longest reply any request gets, whatever it asks (clients such as Codex send no limit)."),
+        help="Longest reply any request gets, whatever it asks; also what a request naming no limit gets "
+             "(4096 without it; Codex sends none)."),
     overflow: str = typer.Option(
         settings.OVERFLOW.default, "--overflow", envvar=settings.OVERFLOW.name,
         help="A conversation longer than the model's context: `refuse` it (a 400) or `trim` it (the oldest "

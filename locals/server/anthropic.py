@@ -17,7 +17,7 @@ from locals.errors import RequestError
 from locals.protocol import SamplingParams, Usage
 from locals.server.backend import Done, Text, chat_of, guard_detail, start
 from locals.server.wire import get, read_json, stop_list
-from locals.server.messages import DEFAULT_MAX_TOKENS, assistant_call, client_tools, text_of
+from locals.server.messages import assistant_call, client_tools, text_of
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -153,7 +153,7 @@ def _tool_block(call: ToolCall) -> dict:
 async def messages(request: web.Request) -> web.StreamResponse:
     backend = backend_of(request)
     body = await read_json(request)
-    max_tokens = get(body, "max_tokens", int, DEFAULT_MAX_TOKENS)
+    max_tokens = get(body, "max_tokens", int, backend.default_max_tokens)
     if max_tokens < 1:
         raise RequestError("`max_tokens` must be at least 1")
     converted = chat_messages(body)

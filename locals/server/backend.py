@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STOPPED_MESSAGE = "the server stopped before this reply was finished; send the request again once it is back"
+# What a request that names no reply limit gets unless the server sets one (`serve --max-tokens`):
+# the memory guard reserves a request's prompt plus its limit, so "the rest of the context" would
+# hold room a reply rarely uses (docs/how-it-works.md, "Guards").
+DEFAULT_MAX_TOKENS = 4096
 # A streamed reply silent this long (a long prompt still being read, a long tool call being
 # written) sends its API's keep-alive, so that clients' idle timeouts do not fire and retry.
 HEARTBEAT_S = 10.0
@@ -151,6 +155,11 @@ class Backend:
     @property
     def name(self) -> str:
         return self.loaded.name
+
+    @property
+    def default_max_tokens(self) -> int:
+        """The reply limit of a request that names none: the server's `--max-tokens`, else 4,096."""
+        return self.max_tokens or DEFAULT_MAX_TOKENS
 
     @property
     def model_id(self) -> str:

@@ -11,7 +11,6 @@ from typing import Any
 
 from locals.errors import RequestError
 
-DEFAULT_MAX_TOKENS = 4096
 _TEXT_PARTS = {"text", "input_text", "output_text"}
 
 

@@ -15,7 +15,7 @@ from locals.errors import RequestError
 from locals.protocol import SamplingParams
 from locals.server.backend import Backend, Chat, Done, Text, chat_of, guard_detail, start
 from locals.server.wire import get, read_json, stop_list
-from locals.server.messages import DEFAULT_MAX_TOKENS, assistant_call, openai_tools, text_of
+from locals.server.messages import assistant_call, openai_tools, text_of
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
@@ -28,14 +28,14 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def _sampling(body: dict) -> SamplingParams:
+def _sampling(body: dict, default_max_tokens: int) -> SamplingParams:
     opts = get(body, "options", dict, {})
-    max_tokens = get(opts, "num_predict", int, DEFAULT_MAX_TOKENS)
+    max_tokens = get(opts, "num_predict", int, default_max_tokens)
     return SamplingParams(
         temperature=get(opts, "temperature", float, 0.8), top_p=get(opts, "top_p", float, 0.9),
         top_k=get(opts, "top_k", int, 40), min_p=get(opts, "min_p", float, 0.0),
         seed=get(opts, "seed", int), stop=stop_list(opts.get("stop")),
-        max_tokens=DEFAULT_MAX_TOKENS if max_tokens < 0 else max(1, max_tokens))
+        max_tokens=default_max_tokens if max_tokens < 0 else max(1, max_tokens))
 
 
 def _format_schema(value: Any) -> dict | None:
@@ -152,7 +152,7 @@ def _load_reply(body: dict, model: str, key: str) -> web.Response:
 async def chat(request: web.Request) -> web.StreamResponse:
     backend = backend_of(request)
     body = await read_json(request)
-    sampling = _sampling(body)  # a malformed `options` is a 400 even with nothing to generate
+    sampling = _sampling(body, backend.default_max_tokens)  # a malformed `options` is a 400 even with nothing to generate
     if body.get("messages") in (None, []):  # `ollama run` preloads with an empty chat
         return _load_reply(body, _model(body, backend), "message")
     request_chat = chat_of(request, body, "ollama", messages=_messages(body.get("messages")),
@@ -169,16 +169,18 @@ async def generate(request: web.Request) -> web.StreamResponse:
     model = _model(body, backend)
     if body.get("images"):
         raise RequestError("this model reads text only; remove `images`")
+    if get(body, "suffix", str, ""):
+        raise RequestError("`suffix` is not supported: locals completes a prompt's end, not a gap in it")
     if not prompt:  # Ollama's way to ask for the model to be loaded
         return _load_reply(body, model, "response")
     if get(body, "raw", bool, False):
-        request_chat = chat_of(request, body, "ollama", prompt=prompt, sampling=_sampling(body),
+        request_chat = chat_of(request, body, "ollama", prompt=prompt, sampling=_sampling(body, backend.default_max_tokens),
                                json_schema=_format_schema(body.get("format")))
     else:
         messages = [{"role": "user", "content": prompt}]
         if get(body, "system", str):
             messages.insert(0, {"role": "system", "content": body["system"]})
-        request_chat = chat_of(request, body, "ollama", messages=messages, sampling=_sampling(body),
+        request_chat = chat_of(request, body, "ollama", messages=messages, sampling=_sampling(body, backend.default_max_tokens),
                                json_schema=_format_schema(body.get("format")))
     return await _reply(request, backend, request_chat, model, get(body, "stream", bool, True),
                         "response")

@@ -14,7 +14,7 @@ from locals.errors import RequestError
 from locals.protocol import SamplingParams, TokenLogprob, Usage
 from locals.server.backend import Backend, Chat, Done, Text, chat_of, guard_detail, start
 from locals.server.wire import get, read_json, stop_list
-from locals.server.messages import (DEFAULT_MAX_TOKENS, openai_messages, openai_tool_choice,
+from locals.server.messages import (openai_messages, openai_tool_choice,
                                     openai_tools, schema_of_response_format,
                                     strict_response_format)
 from locals.server.state import backend_of
@@ -25,11 +25,12 @@ _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "loop
            "cancelled": "stop", "memory": "length"}
 
 
-def sampling_of(body: dict, legacy_logprobs: bool = False) -> SamplingParams:
-    """Sampling settings shared by chat/completions/responses requests; `legacy_logprobs`:
-    /v1/completions, where `logprobs` is the number of alternatives rather than a flag."""
+def sampling_of(body: dict, default_max_tokens: int, legacy_logprobs: bool = False) -> SamplingParams:
+    """Sampling settings shared by chat/completions/responses requests (`default_max_tokens`
+    where the body names no limit); `legacy_logprobs`: /v1/completions, where `logprobs` is the
+    number of alternatives rather than a flag."""
     given = [(key, get(body, key, int)) for key in ("max_completion_tokens", "max_tokens", "max_output_tokens")]
-    key, max_tokens = next(((k, v) for k, v in given if v is not None), ("max_tokens", DEFAULT_MAX_TOKENS))
+    key, max_tokens = next(((k, v) for k, v in given if v is not None), ("max_tokens", default_max_tokens))
     if max_tokens < 1:  # 0 is a value, not "absent"
         raise RequestError(f"`{key}` must be at least 1")
     logprobs_key = "logprobs" if legacy_logprobs else "top_logprobs"
@@ -99,7 +100,8 @@ def openai_chat(request: web.Request, body: dict, api: str, messages: list[dict]
                    tool_choice=openai_tool_choice(body.get("tool_choice")),
                    json_schema=schema_of_response_format(response_format),
                    strict_schema=strict_response_format(response_format),
-                   parallel_tool_calls=get(body, "parallel_tool_calls", bool, True), sampling=sampling_of(body))
+                   parallel_tool_calls=get(body, "parallel_tool_calls", bool, True),
+                   sampling=sampling_of(body, backend_of(request).default_max_tokens))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -178,7 +180,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise RequestError("`suffix` is not supported: locals completes a prompt's end, not a gap in it")
     if get(body, "best_of", int, 1) != 1:
         raise RequestError("`best_of` must be 1: one completion per request (send several requests instead)")
-    sampling = sampling_of(body, legacy_logprobs=True)
+    sampling = sampling_of(body, backend.default_max_tokens, legacy_logprobs=True)
     chat = chat_of(request, body, "openai", prompt=prompt, sampling=sampling)
     meta = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
             "model": model_name(body, backend), "object": "text_completion"}

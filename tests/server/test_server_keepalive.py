@@ -153,3 +153,21 @@ async def test_the_servers_max_tokens_caps_every_reply():
     finally:
         await client.close()
     assert [r.sampling.max_tokens for r in engine.requests] == [4, 4]
+
+
+async def test_the_servers_max_tokens_is_what_a_request_naming_none_gets():
+    """`serve --max-tokens` above the 4,096 default raises it for clients that send no limit
+    (Codex), in every API; a request's own smaller limit stands."""
+    engine = ScriptedEngine()
+    state = make_state(engine)
+    state.backend.max_tokens = 6000
+    client = await start_client(state)
+    try:
+        for path, body in [("/v1/responses", {"input": "hi"}), ("/v1/chat/completions", {"messages": MESSAGES}),
+                           ("/v1/messages", {"messages": MESSAGES}), ("/api/chat", {"messages": MESSAGES}),
+                           ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 50})]:
+            resp = await client.post(path, json={"model": "m", "stream": False, **body})
+            assert resp.status == 200, await resp.text()
+    finally:
+        await client.close()
+    assert [r.sampling.max_tokens for r in engine.requests] == [6000, 6000, 6000, 6000, 50]

@@ -105,6 +105,8 @@ async def test_errors_use_the_ollama_shape(client):
     assert resp.status == 400 and "top_p" in (await resp.json())["error"]
     resp = await client.post("/api/generate", json={"prompt": "x", "images": ["aGk="]})
     assert resp.status == 400 and "text only" in (await resp.json())["error"]
+    resp = await client.post("/api/generate", json={"prompt": "def f(", "suffix": "    return x"})
+    assert resp.status == 400 and "`suffix` is not supported" in (await resp.json())["error"]  # not ignored
     resp = await client.post("/api/chat", json={"messages": [
         {"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": {"function": {}}}]})
     assert resp.status == 400 and "tool_calls" in (await resp.json())["error"]
