@@ -83,8 +83,9 @@ CONSTRAINT_TIMEOUT = Setting("LOCALS_CONSTRAINT_TIMEOUT", float, 20.0,
 API_KEY = Setting("LOCALS_API_KEY", str, None, "the key `locals serve --api-key` requires, when the flag is not given",
                   "unset")
 MAX_TOKENS = Setting("LOCALS_MAX_TOKENS", int, None,
-                     "the cap on every reply `locals serve --max-tokens` sets, when the flag is not given "
-                     "(`locals start` passes it on)", "unset", minimum=1)
+                     "the cap on every reply, and the limit of requests that name none (4096 when unset), "
+                     "that `locals serve --max-tokens` sets when the flag is not given (`locals start` "
+                     "passes it on)", "unset", minimum=1)
 OVERFLOW = Setting("LOCALS_OVERFLOW", str, "refuse",
                    "what a conversation longer than the model's context gets: `refuse` (a 400) or `trim` (the oldest "
                    "tool results dropped); `locals serve --overflow` and `locals start --overflow` set it", "`refuse`")
