@@ -157,7 +157,9 @@ async def messages(request: web.Request) -> web.StreamResponse:
     if max_tokens < 1:
         raise RequestError("`max_tokens` must be at least 1")
     converted = chat_messages(body)
+    schema = _output_schema(body)  # guaranteed by Anthropic: strict, rules it cannot enforce refused
     chat = chat_of(request, body, "anthropic", messages=converted, tools=chat_tools(body.get("tools")),
+                   json_schema=schema, strict_schema=schema is not None,
                    continue_final=_prefill(converted), tool_choice=tool_choice_of(body.get("tool_choice")),
                    parallel_tool_calls=not (body.get("tool_choice") or {}).get("disable_parallel_tool_use", False),
                    sampling=SamplingParams(
@@ -176,6 +178,19 @@ async def messages(request: web.Request) -> web.StreamResponse:
     return web.json_response({"id": msg_id, "type": "message", "role": "assistant", "model": model,
                               "content": content, **_stop_fields(result.done), "usage": _usage(result.done.usage),
                               **guard_detail(result.done)})
+
+
+def _output_schema(body: dict) -> dict | None:
+    """The JSON schema of Anthropic's structured outputs: `output_config.format`, or the beta's
+    `output_format`; None when the request asks for none."""
+    config = body.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    fmt = body.get("output_format") if fmt is None else fmt
+    if fmt is None:
+        return None
+    if not (isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict)):
+        raise RequestError('`output_config.format` must be {"type": "json_schema", "schema": {...}}')
+    return fmt["schema"]
 
 
 def _stop_fields(done: Done) -> dict:

@@ -180,3 +180,24 @@ def test_a_prefill_renders_open_on_the_embedded_model(smollm2):
     messages = [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "The capital is"}]
     assert render_prompt(smollm2, messages, continue_final=True).endswith("The capital is")
     assert not render_prompt(smollm2, messages).endswith("The capital is")
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+
+
+@pytest.mark.parametrize("field", [{"output_config": {"format": {"type": "json_schema", "schema": PERSON}}},
+                                   {"output_format": {"type": "json_schema", "schema": PERSON}}])
+async def test_structured_outputs_constrain_the_reply(client, engine, constraints, field):
+    engine.replies = ['{"name": "Ada"}']
+    resp = await client.post("/v1/messages", json={
+        "model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "Who?"}], **field})
+    assert resp.status == 200 and (await resp.json())["content"] == [{"type": "text", "text": '{"name": "Ada"}'}]
+    assert constraints.calls[0]["json_schema"] == PERSON and constraints.calls[0]["strict_schema"] is True
+
+
+async def test_a_malformed_output_format_is_refused_not_ignored(client, engine):
+    resp = await client.post("/v1/messages", json={
+        "model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "Who?"}],
+        "output_config": {"format": {"type": "json", "schema": PERSON}}})
+    body = await resp.json()
+    assert resp.status == 400 and "output_config.format" in body["error"]["message"] and not engine.requests
