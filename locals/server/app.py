@@ -18,6 +18,7 @@ from locals.server.security import cors_headers, local_only
 from locals.server.state import STATE, STREAM_OPEN, NotReady, ServerState
 
 log = logging.getLogger("locals.server")
+RETRY_AFTER_S = 5  # a 503's `Retry-After`: the model still loading, or the server restarting
 
 
 @web.middleware
@@ -29,7 +30,9 @@ async def json_errors(request: web.Request, handler):
     except RequestError as exc:
         return error_response(api, exc.status, exc.message_for(api), exc.code)
     except (NotReady, ServerStopping) as exc:
-        return error_response(api, 503, str(exc))
+        response = error_response(api, 503, str(exc))
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)  # clients that honour it wait, then send again
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

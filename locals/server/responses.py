@@ -107,6 +107,11 @@ def _status(done: Done) -> str:
     return {"length": "incomplete", "error": "failed", "cancelled": "cancelled"}.get(done.reason, "completed")
 
 
+def _item_status(done: Done) -> str:
+    """A message item cut off by the token limit is "incomplete", as OpenAI marks it."""
+    return "incomplete" if done.reason == "length" else "completed"
+
+
 async def responses(request: web.Request) -> web.StreamResponse:
     backend = backend_of(request)
     body = await read_json(request)
@@ -120,7 +125,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
         return await _stream(request, chat, meta, backend)
     result: Completion = await backend.complete(chat)
     result.raise_for_failure()
-    output = [_message_item(f"msg_{uuid.uuid4().hex[:24]}", result.text)] if result.text else []
+    output = ([_message_item(f"msg_{uuid.uuid4().hex[:24]}", result.text, _item_status(result.done))]
+              if result.text else [])
     output += [_call_item(c) for c in result.calls]
     return web.json_response(_response(meta, _status(result.done), output, result.done.usage,
                                        result.done.reason))
@@ -151,7 +157,7 @@ class _ResponseEvents:
         await self.send("response.output_text.delta", item_id=self.msg_id,
                         output_index=len(self.output), content_index=0, delta=text, logprobs=[])
 
-    async def close_text(self) -> None:
+    async def close_text(self, status: str = "completed") -> None:
         if self.msg_id is None:
             return
         index, part = len(self.output), {"type": "output_text", "text": self.text, "annotations": []}
@@ -159,7 +165,7 @@ class _ResponseEvents:
                         content_index=0, text=self.text, logprobs=[])
         await self.send("response.content_part.done", item_id=self.msg_id, output_index=index,
                         content_index=0, part=part)
-        item = _message_item(self.msg_id, self.text)
+        item = _message_item(self.msg_id, self.text, status)
         await self.send("response.output_item.done", output_index=index, item=item)
         self.output.append(item)
         self.msg_id, self.text = None, ""
@@ -196,7 +202,7 @@ async def _send_output(events: _ResponseEvents, meta: dict, out) -> None:
     elif isinstance(out, ToolCall):
         await events.call(out)
     elif isinstance(out, Done):
-        await events.close_text()
+        await events.close_text(_item_status(out))
         final = _response(meta, _status(out), events.output, out.usage, out.reason)
         if out.reason == "error":
             final["error"] = {"code": "server_error", "message": out.error or "generation failed"}

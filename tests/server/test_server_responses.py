@@ -94,7 +94,12 @@ async def test_non_streamed_response_and_length(client, engine):
     data = await (await client.post("/v1/responses", json=body)).json()
     assert data["object"] == "response" and data["status"] == "incomplete"
     assert data["incomplete_details"] == {"reason": "max_output_tokens"}
-    assert data["output"][0]["content"][0]["text"] == "abcd"
+    assert data["output"][0]["content"][0]["text"] == "abcd" and data["output"][0]["status"] == "incomplete"
+    body["stream"] = True
+    engine.replies = ["abcdefghij"]
+    events = events_of(await (await client.post("/v1/responses", json=body)).text())
+    item = next(e["item"] for e in events if e["type"] == "response.output_item.done")
+    assert item["status"] == "incomplete" and events[-1]["type"] == "response.incomplete"
 
 
 async def test_text_format_json_schema(client, engine, constraints):

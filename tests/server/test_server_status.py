@@ -59,6 +59,7 @@ async def test_loading_state_answers_503_in_each_shape():
         assert resp.status == 503 and (await resp.json())["status"] == "loading"
         resp = await client.post("/v1/chat/completions", json=CHAT)
         assert resp.status == 503 and "still loading" in (await resp.json())["error"]["message"]
+        assert resp.headers["Retry-After"] == "5"  # the SDKs' retries wait for it
         resp = await client.post("/v1/messages", json=CHAT)
         assert (await resp.json())["error"]["type"] == "overloaded_error"
         assert "locals_up{model=\"qwen\"} 0" in await (await client.get("/metrics")).text()
