@@ -39,6 +39,12 @@ def _blocks(content: Any, where: str) -> list[dict]:
     return content
 
 
+# An image or PDF a tool returned (Claude Code's Read on a screenshot) is named, not refused: a
+# refusal would stay in the conversation's history and fail every later turn.
+UNSEEN = "[an image or document the tool returned: this model reads text only and cannot see it]"
+_RESULT_BLOCKS = ("text", "image", "document")
+
+
 def _convert_message(msg: Any, where: str) -> list[dict]:
     """One Anthropic message as template messages (tool results become `tool` messages)."""
     if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
@@ -53,10 +59,8 @@ def _convert_message(msg: Any, where: str) -> list[dict]:
         elif kind == "tool_result":
             result = block.get("content")
             if isinstance(result, list):
-                result = _blocks(result, f"{where}.tool_result")
-                if any(b.get("type") in ("image", "document") for b in result):
-                    raise RequestError(f"{where}: this model reads text only; remove the tool result's image")
-                result = [b for b in result if b.get("type") == "text"]
+                result = [b if b.get("type") == "text" else {"type": "text", "text": UNSEEN}
+                          for b in _blocks(result, f"{where}.tool_result") if b.get("type") in _RESULT_BLOCKS]
             text = text_of(result, where)
             if block.get("is_error"):
                 text = f"Error: {text}"

@@ -124,8 +124,6 @@ async def test_count_tokens(client):
     ({"messages": [{"role": "user", "content": "x"}], "temperature": -1, "stream": True}, "`temperature`"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": ["plain"]}]}]},
      "blocks must be objects"),
-    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [
-        {"type": "image", "source": {}}]}]}]}, "text only"),
     ({"messages": [{"role": "user", "content": "x"}], "system": 5}, "`system` must be"),
     # Wrongly typed fields inside blocks: 400s, not 500s.
     ({"messages": [{"role": "user", "content": [{"type": {}, "text": "x"}]}]}, "string `type`"),
@@ -201,3 +199,16 @@ async def test_a_malformed_output_format_is_refused_not_ignored(client, engine):
         "output_config": {"format": {"type": "json", "schema": PERSON}}})
     body = await resp.json()
     assert resp.status == 400 and "output_config.format" in body["error"]["message"] and not engine.requests
+
+
+async def test_an_image_a_tool_returned_is_named_not_refused(client, engine):
+    # A refusal would stay in Claude Code's history and fail every later turn of the session.
+    engine.replies = ["I cannot see it."]
+    resp = await client.post("/v1/messages", json={"model": "m", "max_tokens": 50, "messages": [
+        {"role": "user", "content": "look at shot.png"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "shot.png"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "text", "text": "shot.png:"}, {"type": "image", "source": {"type": "base64", "data": "aGk="}}]}]}]})
+    assert resp.status == 200
+    prompt = "".join(chr(t) for t in engine.requests[-1].prompt_tokens)
+    assert "shot.png:[an image or document the tool returned: this model reads text only" in prompt
