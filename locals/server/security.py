@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import socket
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -33,6 +34,16 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def host_allowed(host: str) -> bool:
+    """Host headers a local-only server answers: loopback, this machine's own name, and names
+    no public DNS can point here (a rebinding page needs one of its own): `.local` (mDNS) and
+    `.internal` (Docker's `host.docker.internal`, how a container such as Open WebUI reaches the
+    host), as Ollama allows."""
+    name = host.strip().lower().rstrip(".")
+    return (is_loopback(host) or name.endswith((".local", ".internal"))
+            or (bool(name) and name == socket.gethostname().lower()))
 
 
 def host_of(header: str) -> str:
@@ -63,7 +74,7 @@ def _key_of(request: web.Request) -> str | None:
 async def local_only(request: web.Request, handler):
     state = request.app[STATE]
     api = api_of(request.path)
-    if not state.allow_remote and not is_loopback(host_of(request.headers.get("Host", ""))):
+    if not state.allow_remote and not host_allowed(host_of(request.headers.get("Host", ""))):
         return error_response(api, 403, "this server answers only requests addressed to "
                               "localhost / 127.0.0.1 (refused Host header)")
     origin = request.headers.get("Origin")

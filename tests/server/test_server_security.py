@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from locals.server.security import is_loopback, origin_allowed
+import socket
+
+from locals.server.security import host_allowed, is_loopback, origin_allowed
 
 from tests.helpers.server_fakes import ScriptedEngine, make_state, start_client
 
@@ -18,6 +20,15 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 ])
 def test_is_loopback(host, ok):
     assert is_loopback(host) is ok
+
+
+@pytest.mark.parametrize("host, ok", [
+    ("localhost", True), ("host.docker.internal", True), ("studio.local", True), (socket.gethostname(), True),
+    ("evil.example", False), ("internal.evil.com", False), ("local", False), ("", False),
+])
+def test_host_allowed(host, ok):
+    # Names public DNS cannot point at this machine, as Ollama allows (Open WebUI in Docker).
+    assert host_allowed(host) is ok
 
 
 @pytest.mark.parametrize("origin, ok", [
@@ -45,6 +56,10 @@ async def test_foreign_host_is_refused(client):
     resp = await client.get("/", headers={"Host": "evil.example", "Accept": "text/html"})
     assert resp.status == 403
     assert (await client.post("/v1/chat/completions", json=CHAT, headers={"Host": "localhost:8321"})).status == 200
+    resp = await client.post("/api/chat", json=CHAT, headers={"Host": "host.docker.internal:8321"})
+    assert resp.status == 200
+    resp = await client.post("/v1/chat/completions", json=CHAT, headers={"Origin": "http://studio.local"})
+    assert resp.status == 403  # a web page on the network is still no page of this machine
 
 
 async def test_foreign_origin_is_refused_and_local_origin_gets_cors(client):
