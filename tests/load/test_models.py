@@ -177,3 +177,23 @@ def test_embedded_weights_on_the_cpu_are_the_files_values_dequantized_in_float32
         want = (groups * scales[..., None] + biases[..., None]).reshape(packed.shape[0], -1)
         assert module.weight.dtype == mx.float32
         np.testing.assert_array_equal(np.asarray(module.weight), want)
+
+
+def test_thinking_is_off_unless_the_name_asks_for_it():
+    # Qwen3's templates think unless told not to, and mlx-lm's wrapper turns thinking on for a
+    # vocabulary with <think>: the template is told either way.
+    from types import SimpleNamespace
+
+    from locals.engine.load.templates import render_prompt
+
+    seen = []
+
+    class Tokenizer:
+        def apply_chat_template(self, messages, **kwargs):
+            seen.append(kwargs.get("enable_thinking"))
+            return "prompt"
+
+    for thinking in (False, True):
+        loaded = SimpleNamespace(tokenizer=Tokenizer(), thinking=thinking, tools_in_template=True)
+        render_prompt(loaded, [{"role": "user", "content": "hi"}])
+    assert seen == [False, True]

@@ -122,8 +122,11 @@ def render_prompt(loaded, messages: list[dict], tools: list[dict] | None = None,
                               "tokenize": False}
     if continue_final:
         kwargs["continue_final_message"] = True
-    if loaded.thinking:
-        kwargs["enable_thinking"] = True
+    # Said either way: Qwen3's templates think unless told not to, and mlx-lm's tokenizer wrapper
+    # turns thinking on for any vocabulary with <think>. Off unless the name asked for it
+    # (`qwen-thinking`): a past turn's thinking is dropped from the prompt, so thinking replies
+    # would also lose their KV at every turn.
+    kwargs["enable_thinking"] = bool(loaded.thinking)
     if loaded.tools_in_template:
         return tokenizer.apply_chat_template(_normalize(messages), tools=tools or None, **kwargs)
     return tokenizer.apply_chat_template(_inject_tools(messages, tools), **kwargs)
