@@ -15,7 +15,7 @@ from aiohttp import web
 
 from locals.errors import RequestError
 from locals.protocol import SamplingParams, Usage
-from locals.server.backend import Done, Text, chat_of, guard_detail, start
+from locals.server.backend import Done, Text, Thinking, chat_of, guard_detail, start
 from locals.server.wire import get, read_json, stop_list
 from locals.server.messages import assistant_call, client_tools, text_of
 from locals.server.state import backend_of
@@ -177,7 +177,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
             return await _stream(request, outputs, msg_id, model, chat.prompt_tokens)
     result = await backend.complete(chat)
     result.raise_for_failure()
-    content = ([{"type": "text", "text": result.text}] if result.text else [])
+    content = [_thinking_block(result.thinking)] if result.thinking else []
+    content += [{"type": "text", "text": result.text}] if result.text else []
     content += [_tool_block(c) for c in result.calls]
     return web.json_response({"id": msg_id, "type": "message", "role": "assistant", "model": model,
                               "content": content, **_stop_fields(result.done), "usage": _usage(result.done.usage),
@@ -195,6 +196,12 @@ def _output_schema(body: dict) -> dict | None:
     if not (isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict)):
         raise RequestError('`output_config.format` must be {"type": "json_schema", "schema": {...}}')
     return fmt["schema"]
+
+
+def _thinking_block(text: str) -> dict:
+    """A thinking model's reasoning as Anthropic's `thinking` block; locals signs nothing, and
+    skips such blocks when a client sends them back."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
 
 
 def _stop_fields(done: Done) -> dict:
@@ -216,24 +223,35 @@ async def _stream(request: web.Request, outputs, msg_id: str, model: str,
         "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}})
     await send("ping")
     outputs.keep_alive = lambda: send("ping")  # as Anthropic's own streams do while they think
-    index, text_open = 0, False
+    index, open_kind = 0, None  # the block being written: "text", "thinking" or None
+
+    async def write(kind: str, delta: dict) -> None:
+        nonlocal index, open_kind
+        if open_kind != kind:
+            if open_kind:
+                await send("content_block_stop", index=index)
+                index += 1
+            start = {"type": "text", "text": ""} if kind == "text" else _thinking_block("")
+            await send("content_block_start", index=index, content_block=start)
+            open_kind = kind
+        await send("content_block_delta", index=index, delta=delta)
+
     async for out in outputs:
         if isinstance(out, Text) and out.text:
-            if not text_open:
-                await send("content_block_start", index=index, content_block={"type": "text", "text": ""})
-                text_open = True
-            await send("content_block_delta", index=index, delta={"type": "text_delta", "text": out.text})
+            await write("text", {"type": "text_delta", "text": out.text})
+        elif isinstance(out, Thinking):
+            await write("thinking", {"type": "thinking_delta", "thinking": out.text})
         elif isinstance(out, ToolCall):
-            if text_open:
+            if open_kind:
                 await send("content_block_stop", index=index)
-                index, text_open = index + 1, False
+                index, open_kind = index + 1, None
             await send("content_block_start", index=index, content_block={**_tool_block(out), "input": {}})
             await send("content_block_delta", index=index,
                        delta={"type": "input_json_delta", "partial_json": out.arguments_json})
             await send("content_block_stop", index=index)
             index += 1
         elif isinstance(out, Done):
-            if text_open:
+            if open_kind:
                 await send("content_block_stop", index=index)
             if out.reason == "error":
                 await send("error", error={"type": "api_error", "message": out.error or "generation failed"})

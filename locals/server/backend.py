@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Liter
 from locals import toolloop
 from locals.errors import RequestError, ServerStopping, TooLarge
 from locals.protocol import (EngineStats, Event, FinishEvent, FinishReason, GenerationRequest, SamplingParams,
-                             TokenLogprob, Usage)
+                             TokenEvent, TokenLogprob, Usage)
 from locals.server import overflow
 from locals.server.activity import STEERED, Activity, RequestRecord
 from locals.server.callers import Caller, caller_of, conversation_key, title_of
 from locals.server.reply_tokens import ReplyTokens
+from locals.server.thinking import Thinking, ThinkingSplitter, markers_of
 from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
 from locals.server.typed_controls import TypedControls, encode_spans
 
@@ -103,7 +104,7 @@ class Done:
     cut_call: str | None = None  # the tool whose call the limit or a guard cut off (not handed on)
 
 
-Output = Text | ToolCall | Done
+Output = Text | Thinking | ToolCall | Done
 ACCEPTED = object()  # `run(..., announce=True)` yields it once the request is prepared and queued
 
 
@@ -115,6 +116,7 @@ class Completion:
     calls: list[ToolCall]
     logprobs: list[TokenLogprob]
     done: Done
+    thinking: str = ""  # a thinking model's reasoning (thinking.py)
 
     def raise_for_failure(self) -> None:
         """A request the engine could not serve becomes an HTTP error instead of a reply."""
@@ -297,13 +299,13 @@ class Backend:
         # Rendering, tokenizing and compiling a constraint take from ms to seconds: off the loop.
         request = await asyncio.to_thread(self.prepare, chat)
         chat.prompt_tokens = len(request.prompt_tokens)
-        splitter = ToolCallSplitter(self.tool_format if chat.parses_tools else None, chat.tools)
+        pieces = ReplyPieces(ToolCallSplitter(self.tool_format if chat.parses_tools else None, chat.tools),
+                             self._thinking(request))
         record = self._record(chat, request.id, len(request.prompt_tokens))
         if steered:
             record.guards.append(STEERED)
         finish, usage = "cancelled", Usage(prompt_tokens=len(request.prompt_tokens))
         submitted, first_at, heard = time.perf_counter(), None, []
-        cut = CutCalls()
         try:
             if announce:
                 yield ACCEPTED
@@ -311,11 +313,11 @@ class Backend:
             async with aclosing(self.engine.stream(request)) as events:
                 async for event in events:
                     if isinstance(event, FinishEvent):
-                        for piece in cut.kept(splitter.finish()):
-                            yield _wrap(piece)
-                        done = self._done(event, len(splitter.calls) > len(cut.names),
-                                          (first_at or time.perf_counter()) - submitted, heard)
-                        done.cut_call = cut.last(chat.api, request.id)
+                        for piece in pieces.finish():
+                            yield piece
+                        done = self._done(event, pieces.calls > 0, (first_at or time.perf_counter()) - submitted,
+                                          heard)
+                        done.cut_call = pieces.cut.last(chat.api, request.id)
                         finish, usage = done.reason, done.usage
                         yield done
                         return
@@ -324,20 +326,27 @@ class Backend:
                     usage.completion_tokens += len(event.tokens)
                     heard.append(event)
                     record.completion_tokens = usage.completion_tokens  # the dashboard's row counts as it goes
-                    cut.closing = cut.closing or event.closing
-                    pieces = [_wrap(p) for p in cut.kept(splitter.feed(event.text))]
-                    if event.logprobs and not any(isinstance(p, Text) for p in pieces):
-                        pieces.insert(0, Text(""))
-                    for piece in pieces:
+                    out = pieces.feed(event)
+                    if event.logprobs and not any(isinstance(p, Text) for p in out):
+                        out.insert(0, Text(""))
+                    for piece in out:
                         if isinstance(piece, Text) and event.logprobs:
                             piece.logprobs, event.logprobs = event.logprobs, None
                         yield piece
         finally:
-            record.tool_calls = len(splitter.calls) - len(cut.names)
+            record.tool_calls = pieces.calls
             self.activity.end(record, finish, usage.completion_tokens, usage.cached_tokens)
             if finish == "cancelled":  # the access log has no line for a request whose client left
                 log.info("%s request %s cancelled: the client left after %d tokens", chat.api,
                          request.id, usage.completion_tokens)
+
+    def _thinking(self, request: GenerationRequest) -> ThinkingSplitter | None:
+        """A splitter for a thinking model's reply (thinking.py); None for other models and raw prompts."""
+        markers = markers_of(self.loaded)
+        if markers is None or request.meta.get("raw"):
+            return None
+        tail = self.loaded.tokenizer.decode(request.prompt_tokens[-16:])
+        return ThinkingSplitter(markers, ThinkingSplitter.opens_in(tail, markers))
 
     def _done(self, event: FinishEvent, called: bool, prompt_s: float, heard: list) -> Done:
         """The reply's end as the APIs report it; a plain reply's tokens are kept for the turn
@@ -361,17 +370,19 @@ class Backend:
 
     async def complete(self, chat: Chat) -> Completion:
         """Run a chat to the end and gather its reply."""
-        text, calls, logprobs = [], [], []
+        text, calls, logprobs, thinking = [], [], [], []
         done = Done("cancelled", Usage())
         async for out in self.run(chat):
             if isinstance(out, Text):
                 text.append(out.text)
                 logprobs.extend(out.logprobs or [])
+            elif isinstance(out, Thinking):
+                thinking.append(out.text)
             elif isinstance(out, ToolCall):
                 calls.append(out)
             else:
                 done = out
-        return Completion("".join(text), calls, logprobs, done)
+        return Completion("".join(text), calls, logprobs, done, "".join(thinking))
 
 
 # Finish reasons of locals' own that each API reports as its plain stop, plus this detail.
@@ -385,6 +396,35 @@ def guard_detail(done: Done) -> dict:
     if done.cut_call:
         detail["cut_tool_call"] = done.cut_call
     return {"locals": detail} if detail else {}
+
+
+class ReplyPieces:
+    """One reply's text as the APIs hand it on: a thinking model's reasoning (Thinking), the
+    answer's text and its tool calls, less the calls its forced ending cut off (CutCalls)."""
+
+    def __init__(self, splitter: ToolCallSplitter, thinking: ThinkingSplitter | None):
+        self.splitter, self.thinking, self.cut = splitter, thinking, CutCalls()
+
+    @property
+    def calls(self) -> int:
+        return len(self.splitter.calls) - len(self.cut.names)
+
+    def feed(self, event: TokenEvent) -> list[Output]:
+        self.cut.closing = self.cut.closing or event.closing
+        return self._split(self.thinking.feed(event.text) if self.thinking else [event.text])
+
+    def finish(self) -> list[Output]:
+        out = self._split(self.thinking.finish() if self.thinking else [])
+        return out + [_wrap(p) for p in self.cut.kept(self.splitter.finish())]
+
+    def _split(self, texts: list) -> list[Output]:
+        out: list[Output] = []
+        for text in texts:
+            if isinstance(text, Thinking):
+                out.append(text)
+            else:
+                out += [_wrap(p) for p in self.cut.kept(self.splitter.feed(text))]
+        return out
 
 
 class CutCalls:

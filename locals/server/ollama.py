@@ -13,7 +13,7 @@ from aiohttp import web
 
 from locals.errors import RequestError
 from locals.protocol import SamplingParams
-from locals.server.backend import Backend, Chat, Done, Text, chat_of, guard_detail, start
+from locals.server.backend import Backend, Chat, Done, Text, Thinking, chat_of, guard_detail, start
 from locals.server.wire import get, read_json, stop_list
 from locals.server.messages import assistant_call, openai_tools, text_of
 from locals.server.state import backend_of
@@ -102,10 +102,14 @@ async def _reply(request: web.Request, backend: Backend, chat: Chat, model: str,
         out = _final(model, result.done, started, key)
         if key == "message":
             out["message"]["content"] = result.text
+            if result.thinking:
+                out["message"]["thinking"] = result.thinking
             if result.calls:
                 out["message"]["tool_calls"] = [_call_json(c) for c in result.calls]
         else:
             out["response"] = result.text
+            if result.thinking:
+                out["thinking"] = result.thinking
         return web.json_response(out)
     async with aclosing(await start(backend, chat)) as outputs:
         lines = await EventStream(request, ndjson=True).open()
@@ -115,17 +119,25 @@ async def _reply(request: web.Request, backend: Backend, chat: Chat, model: str,
     return await lines.close()
 
 
-def _piece(model: str, key: str, content: str, calls: list | None = None) -> dict:
-    """One streamed line of a reply that is not done: `message` (chat) or `response` (generate)."""
+def _piece(model: str, key: str, content: str, calls: list | None = None, thinking: str = "") -> dict:
+    """One streamed line of a reply that is not done: `message` (chat) or `response` (generate);
+    a thinking model's reasoning in `thinking`, as Ollama's own."""
     body = {"role": "assistant", "content": content}
     if calls:
         body["tool_calls"] = calls
-    return {"model": model, "created_at": _now(), key: body if key == "message" else content, "done": False}
+    if thinking and key == "message":
+        body["thinking"] = thinking
+    line = {"model": model, "created_at": _now(), key: body if key == "message" else content, "done": False}
+    if thinking and key != "message":
+        line["thinking"] = thinking
+    return line
 
 
 async def _send_line(lines: EventStream, out, model: str, key: str, started: float) -> None:
     if isinstance(out, Text) and out.text:
         await lines.send(_piece(model, key, out.text))
+    elif isinstance(out, Thinking):
+        await lines.send(_piece(model, key, "", thinking=out.text))
     elif isinstance(out, ToolCall):
         await lines.send(_piece(model, key, "", [_call_json(out)]))
     elif isinstance(out, Done):

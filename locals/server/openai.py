@@ -12,7 +12,7 @@ from aiohttp import web
 
 from locals.errors import RequestError
 from locals.protocol import SamplingParams, TokenLogprob, Usage
-from locals.server.backend import Backend, Chat, Done, Text, chat_of, guard_detail, start
+from locals.server.backend import Backend, Chat, Done, Text, Thinking, chat_of, guard_detail, start
 from locals.server.wire import get, read_json, stop_list
 from locals.server.messages import (openai_messages, openai_tool_choice,
                                     openai_tools, schema_of_response_format,
@@ -116,6 +116,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     result = await backend.complete(chat)
     result.raise_for_failure()
     message: dict[str, Any] = {"role": "assistant", "content": result.text or None}
+    if result.thinking:  # a thinking model's reasoning, where vLLM and llama.cpp put it
+        message["reasoning_content"] = result.thinking
     if result.calls:
         message["tool_calls"] = [_call_json(c) for c in result.calls]
     if not result.calls and message["content"] is None:
@@ -153,6 +155,8 @@ async def _send_chat_chunks(stream: EventStream, backend: Backend, outputs, meta
                    if out.logprobs else None)
             if out.text or lps:
                 await stream.send(chunk({"content": out.text}, logprobs=lps))
+        elif isinstance(out, Thinking):
+            await stream.send(chunk({"reasoning_content": out.text}))
         elif isinstance(out, ToolCall):
             await stream.send(chunk({"tool_calls": [_call_json(out, index)]}))
             index += 1

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from locals.errors import RequestError
 from locals.protocol import Usage
-from locals.server.backend import Chat, Completion, Done, Text, start
+from locals.server.backend import Chat, Completion, Done, Text, Thinking, start
 from locals.server.wire import get, read_json
 from locals.server.messages import assistant_call, text_of
 from locals.server.openai import model_name, openai_chat
@@ -90,6 +90,13 @@ def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": parts}
 
 
+def _reasoning_item(item_id: str, text: str, status: str = "completed") -> dict:
+    """A thinking model's reasoning, as a reasoning item with its text (as OpenAI's open-weight
+    models give theirs)."""
+    content = [] if status == "in_progress" else [{"type": "reasoning_text", "text": text}]
+    return {"id": item_id, "type": "reasoning", "status": status, "summary": [], "content": content}
+
+
 def _call_item(call: ToolCall, status: str = "completed") -> dict:
     return {"id": f"fc_{call.id}", "type": "function_call", "status": status,
             "call_id": call.id, "name": call.name, "arguments": call.arguments_json}
@@ -125,8 +132,9 @@ async def responses(request: web.Request) -> web.StreamResponse:
         return await _stream(request, chat, meta, backend)
     result: Completion = await backend.complete(chat)
     result.raise_for_failure()
-    output = ([_message_item(f"msg_{uuid.uuid4().hex[:24]}", result.text, _item_status(result.done))]
-              if result.text else [])
+    output = [_reasoning_item(f"rs_{uuid.uuid4().hex[:24]}", result.thinking)] if result.thinking else []
+    output += ([_message_item(f"msg_{uuid.uuid4().hex[:24]}", result.text, _item_status(result.done))]
+               if result.text else [])
     output += [_call_item(c) for c in result.calls]
     return web.json_response(_response(meta, _status(result.done), output, result.done.usage,
                                        result.done.reason))
@@ -140,12 +148,34 @@ class _ResponseEvents:
         self.output: list[dict] = []
         self.msg_id: str | None = None
         self.text = ""
+        self.reasoning_id: str | None = None
+        self.reasoning = ""
 
     async def send(self, kind: str, **fields) -> None:
         await self.stream.send({"type": kind, "sequence_number": self.seq, **fields}, event=kind)
         self.seq += 1
 
+    async def reasoning_delta(self, text: str) -> None:
+        if self.reasoning_id is None:
+            self.reasoning_id = f"rs_{uuid.uuid4().hex[:24]}"
+            await self.send("response.output_item.added", output_index=len(self.output),
+                            item=_reasoning_item(self.reasoning_id, "", "in_progress"))
+        self.reasoning += text
+        await self.send("response.reasoning_text.delta", item_id=self.reasoning_id,
+                        output_index=len(self.output), content_index=0, delta=text)
+
+    async def close_reasoning(self) -> None:
+        if self.reasoning_id is None:
+            return
+        index, item = len(self.output), _reasoning_item(self.reasoning_id, self.reasoning)
+        await self.send("response.reasoning_text.done", item_id=self.reasoning_id, output_index=index,
+                        content_index=0, text=self.reasoning)
+        await self.send("response.output_item.done", output_index=index, item=item)
+        self.output.append(item)
+        self.reasoning_id, self.reasoning = None, ""
+
     async def text_delta(self, text: str) -> None:
+        await self.close_reasoning()
         if self.msg_id is None:
             self.msg_id = f"msg_{uuid.uuid4().hex[:24]}"
             await self.send("response.output_item.added", output_index=len(self.output),
@@ -158,6 +188,7 @@ class _ResponseEvents:
                         output_index=len(self.output), content_index=0, delta=text, logprobs=[])
 
     async def close_text(self, status: str = "completed") -> None:
+        await self.close_reasoning()
         if self.msg_id is None:
             return
         index, part = len(self.output), {"type": "output_text", "text": self.text, "annotations": []}
@@ -199,6 +230,8 @@ async def _stream(request: web.Request, chat: Chat, meta: dict, backend) -> web.
 async def _send_output(events: _ResponseEvents, meta: dict, out) -> None:
     if isinstance(out, Text) and out.text:
         await events.text_delta(out.text)
+    elif isinstance(out, Thinking):
+        await events.reasoning_delta(out.text)
     elif isinstance(out, ToolCall):
         await events.call(out)
     elif isinstance(out, Done):

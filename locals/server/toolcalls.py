@@ -134,7 +134,7 @@ class ToolCallSplitter:
             while start >= 0 and not self._may_start(self._buf[:start]):
                 start = self._buf.find(self.fmt.start, start + 1)
             if start < 0:
-                keep = _partial_suffix(self._buf, self.fmt.start)
+                keep = partial_suffix(self._buf, self.fmt.start)
                 if keep and not self._may_start(self._buf[: len(self._buf) - keep]):
                     keep = 0
                 emit, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep:]
@@ -214,7 +214,7 @@ def _looks_open(body: str) -> bool:
     return quotes % 2 == 1
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:n]):
