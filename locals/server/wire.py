@@ -114,8 +114,9 @@ def api_of(path: str) -> str:
     return "openai"
 
 
+# OpenAI's own: an unknown path is an `invalid_request_error` ("Invalid URL"), not a type of its own.
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                 403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                 403: "permission_error", 404: "invalid_request_error", 413: "request_too_large",
                  503: "service_unavailable"}
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                     403: "permission_error", 404: "not_found_error", 413: "request_too_large",

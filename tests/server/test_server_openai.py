@@ -237,7 +237,8 @@ async def test_bad_json_and_unknown_route(client):
                              headers={"Content-Type": "application/json"})
     assert resp.status == 400 and "not valid JSON" in (await resp.json())["error"]["message"]
     resp = await client.get("/v1/nothing-here")
-    assert resp.status == 404 and "no such endpoint" in (await resp.json())["error"]["message"]
+    error = (await resp.json())["error"]
+    assert resp.status == 404 and "no such endpoint" in error["message"] and error["type"] == "invalid_request_error"
     resp = await client.get("/v1/chat/completions")
     assert resp.status == 405 and (await resp.json())["error"]["type"] == "invalid_request_error"
     assert "POST" in resp.headers["Allow"]
