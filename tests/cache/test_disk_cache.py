@@ -294,3 +294,23 @@ def test_cache_cli_lists_compiled_kernels_and_clears_them_when_asked(locals_home
     monkeypatch.setenv("MLX_PTX_CACHE_DIR", str(chosen))
     assert runner.invoke(app, ["cache", "clear", "--kernels"]).exit_code == 0
     assert [p.name for p in chosen.iterdir()] == ["mlx_kernel.ptx"]
+
+
+def test_a_cache_folder_that_cannot_be_written_still_serves_what_it_holds(tmp_path, monkeypatch):
+    # A read-only mount, or files another user owns: touching a file for the LRU order fails,
+    # and so does deleting a damaged one; neither may fail the request that found it.
+    import os
+
+    store = DiskPrefixStore(tmp_path, "m", 10**8, min_tokens=1)
+    store.save(list(range(20)), _kv(20))
+    store.flush()
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(os, "utime", read_only)
+    monkeypatch.setattr(type(tmp_path), "unlink", read_only)
+    n, entry = store.longest(list(range(25)))
+    assert n == 20 and _same(store.load(entry), _kv(20))
+    entry.path.write_bytes(b"damaged")
+    assert store.load(entry) is None and store.longest(list(range(25)))[0] == 0  # forgotten, not raised

@@ -14,6 +14,7 @@ size is bounded; the least recently used files go first.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -305,7 +306,8 @@ class DiskPrefixStore:
             log.warning("deleting a damaged prompt-cache file (its checksum fails): %s", entry.path)
             self._forget(entry.path.stem, delete=True)
             return None
-        os.utime(entry.path)  # recently used
+        with contextlib.suppress(OSError):  # a read-only cache folder still serves what it holds
+            os.utime(entry.path)  # recently used
         return decoded[1]
 
     def covered(self, tokens: list[int]) -> int:
@@ -432,7 +434,8 @@ class DiskPrefixStore:
         with self._lock:
             entry = self.entries.pop(name, None)
         if entry is not None and delete:
-            entry.path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a read-only folder: the index forgets it all the same
+                entry.path.unlink(missing_ok=True)
 
     @property
     def nbytes(self) -> int:
