@@ -38,6 +38,8 @@ START_TIMEOUT_S = 900  # first start may download a model
 # A stopping server first finishes its prompt-cache disk writes (up to 60 s).
 STOP_TIMEOUT_S = 70
 LOG_ROTATE_BYTES = 20 << 20
+# How long `start` gives a running server that does not answer before saying so (never killing it).
+BUSY_WAIT_S = 30.0
 # Environment a service manager must pass on (it does not inherit the caller's).
 
 
@@ -323,6 +325,26 @@ def port_lock(port: int, timeout: float, on_wait: Callable[[dict | None], None] 
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _wait_while_busy(port: int, host: str, on_wait) -> dict | None:
+    """A recorded server that runs but does not answer is given BUSY_WAIT_S to answer (a huge
+    request being parsed, a flush at stop) rather than taken for stale and killed under its
+    clients' streams. Its /health once it answers; None when no such server runs; still silent,
+    a LocalsError that names `locals stop`."""
+    pid = unanswering_server(port)
+    deadline = time.monotonic() + BUSY_WAIT_S
+    while pid is not None and time.monotonic() < deadline:
+        if on_wait:
+            on_wait({"status": "busy"})
+        body = health(port, host)
+        if body is not None:
+            return body
+        pid = unanswering_server(port)
+    if pid is None:
+        return None
+    raise LocalsError(f"locals on port {port} (pid {pid}) runs but has not answered for {BUSY_WAIT_S:.0f} s "
+                      f"(stuck or paused); `locals stop --port {port}` ends it, then start it again")
+
+
 def _clear_stale(port: int) -> None:
     """A record whose server no longer answers: kill a hung one of ours, then forget it."""
     record = read_record(port)
@@ -350,7 +372,7 @@ def start(model: str | None = None, port: int | None = None, host: str | None = 
 def _start(model: str | None, port: int, host: str, timeout: float, on_wait, overflow: str | None) -> str:
     """`start` with the port's lock held."""
     url = base_url(port, host)
-    running = health(port, host)
+    running = health(port, host) or _wait_while_busy(port, host, on_wait)
     if running is not None and running.get("status") == "failed":
         stop(port)  # a server whose model failed to load, or whose engine broke: start afresh
         running = None

@@ -37,7 +37,9 @@ def start(
         state = (body or {}).get("status")
         phase["text"] = (f"loading {body.get('model')}…" if state == "loading" else
                          "another `locals start` is starting the server; waiting for it…"
-                         if state == "starting elsewhere" else "starting the server…")
+                         if state == "starting elsewhere" else
+                         "the running server is busy and does not answer; waiting for it…"
+                         if state == "busy" else "starting the server…")
         spinner.update(phase["text"])
 
     t0 = time.monotonic()

@@ -111,3 +111,25 @@ async def test_an_empty_completions_prompt_gets_a_400(client, engine, prompt):
     assert status == 400 and error_shape_ok("openai", payload)
     assert "`prompt` is empty" in message_of("openai", payload)
     assert not engine.requests
+
+
+async def test_a_large_body_is_parsed_off_the_event_loop(client, engine, monkeypatch):
+    # A 30 MB body of empty arrays held every stream and /health for 9 s when parsed in place,
+    # long enough for `locals start` to take the server for a stale one.
+    import asyncio
+
+    from locals.server import wire
+
+    threaded = []
+    real = asyncio.to_thread
+
+    async def recording(fn, *args):
+        threaded.append(fn.__name__)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(wire.asyncio, "to_thread", recording)
+    pad = [[] for _ in range(wire.THREAD_PARSE_BYTES // 3)]
+    resp = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "pad": pad})
+    assert resp.status == 200 and threaded.count("_parse") == 1
+    resp = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status == 200 and threaded.count("_parse") == 1  # a small body is parsed in place

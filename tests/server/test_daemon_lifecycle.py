@@ -258,3 +258,15 @@ def test_status_counts_a_request_reading_its_prompt_among_those_in_flight(monkey
     monkeypatch.setattr(daemon, "status", lambda port: snap)
     result = CliRunner().invoke(app, ["status", "--port", "18643"], env={"COLUMNS": "200"})
     assert "3 in flight (2 decoding, 1 reading a prompt, 0 queued)" in result.output, result.output
+
+
+def test_start_never_kills_a_running_server_that_does_not_answer(monkeypatch):
+    # A server busy with one huge request misses /health for seconds: `start` (and `code`,
+    # `launch`) waits for it, then says so; before, it took it for stale and killed it.
+    monkeypatch.setattr(daemon, "BUSY_WAIT_S", 1.0)
+    waits = []
+    with silent_serve(18644) as proc:
+        with pytest.raises(LocalsError, match=r"has not answered for 1 s .*`locals stop --port 18644`"):
+            daemon.start("smollm2", 18644, timeout=5, on_wait=waits.append)
+        assert proc.poll() is None and daemon.read_record(18644).pid == proc.pid  # untouched
+    assert {"status": "busy"} in waits
