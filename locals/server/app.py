@@ -40,10 +40,14 @@ async def json_errors(request: web.Request, handler):
         if "Allow" in exc.headers:  # a 405 says which methods the path takes
             response.headers["Allow"] = exc.headers["Allow"]
         return response
-    except (asyncio.CancelledError, ConnectionResetError):
+    except asyncio.CancelledError:
+        raise
+    except ConnectionResetError:
+        if request.get(STREAM_OPEN) is not None:  # the client hung up mid-stream: nothing to report
+            return request[STREAM_OPEN]
         raise
     except Exception as exc:
-        if request.get(STREAM_OPEN):
+        if request.get(STREAM_OPEN) is not None:
             raise  # headers are out; nothing but closing the stream is left
         log.exception("error answering %s %s", request.method, request.path)
         return error_response(api, 500, f"internal error: {exc}")

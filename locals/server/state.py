@@ -29,7 +29,7 @@ class ServerState:
 
 
 STATE = web.AppKey("locals_state", ServerState)
-STREAM_OPEN = web.RequestKey("locals_stream_open", bool)  # headers sent: errors go in the stream
+STREAM_OPEN = web.RequestKey("locals_stream_open", web.StreamResponse)  # headers sent: errors go in the stream
 
 
 def state_of(request: web.Request) -> ServerState:

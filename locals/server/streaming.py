@@ -39,7 +39,7 @@ class EventStream:
         })
 
     async def open(self) -> "EventStream":
-        self.request[STREAM_OPEN] = True
+        self.request[STREAM_OPEN] = self.response
         await self.response.prepare(self.request)
         return self
 

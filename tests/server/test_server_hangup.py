@@ -133,3 +133,25 @@ async def test_started_ends_at_done_without_resuming_the_chat():
     await started.aclose()
     assert [type(o).__name__ for o in outs] == ["Text", "Done"]
     assert resumed == []
+
+
+
+async def test_a_write_to_a_client_that_hung_up_logs_no_error(caplog):
+    # Anthropic's ping and Responses' in_progress follow the first event at once; when the
+    # client has already reset the connection, that write raises: a client gone, not a server
+    # error with a traceback in `locals status --logs`.
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from locals.server.app import json_errors
+
+    async def hung_up(request):
+        await EventStream(request).open()
+        raise ConnectionResetError("Cannot write to closing transport")
+
+    app = web.Application(middlewares=[json_errors])
+    app.router.add_post("/v1/messages", hung_up)
+    caplog.set_level(logging.INFO)
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post("/v1/messages", json={})
+        assert resp.status == 200
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
