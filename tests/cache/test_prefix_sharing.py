@@ -94,6 +94,7 @@ def test_cancelled_reader_releases_its_waiters(tiny_llama):
     # A tiny step budget keeps the reader inside the prefix for many steps.
     eng = Engine(tiny_llama, EngineConfig(step_token_budget=8, min_prefill_chunk=8),
                  prefix_cache=MemoryPrefixCache(1 << 30))
+    fed = count_prefill(eng)
     c = Collector()
     reader = c.submit(eng, GenerationRequest(prompts[0], SamplingParams(max_tokens=5)))
     waiters = [c.submit(eng, GenerationRequest(p, SamplingParams(max_tokens=5))) for p in prompts[1:]]
@@ -107,6 +108,9 @@ def test_cancelled_reader_releases_its_waiters(tiny_llama):
     assert c.finish(reader).reason == "cancelled"
     for rid, tokens in zip(waiters, expected):
         assert c.finish(rid).reason == "length" and c.tokens(rid) == tokens
+    # What the reader read reached the cache before its waiters went, and the first took over the
+    # read: the second waited for it, or read only what was left (each read it all, before).
+    assert fed["prefill"] < 2 * (PREFIX + SUFFIX)
 
 
 def test_a_row_that_already_read_the_prefix_shares_it_at_once(tiny_llama):
@@ -150,6 +154,9 @@ def test_a_hold_ends_with_its_reader(tiny_llama):
     waiter = GenerationRequest(list(range(300)) + [5])
     assert sharing.hold(waiter, [reader]) and sharing.hold(waiter, [reader])
     reader.finish("cancelled")
+    assert sharing.hold(waiter, [reader])  # until the engine reaped it (its read put in the cache)
+    reader.kv.release()
+    reader.kv = None
     assert not sharing.hold(waiter, [reader])  # never stranded behind a reader that is gone
 
 

@@ -4,7 +4,8 @@ for that row's KV to land in the prefix cache instead of reading the same tokens
 Eight agents that start together with one 3k-token system prompt read it once: the first
 is admitted and reads it; the others are held until it has passed the shared prefix (which
 becomes one of its cache points, so an entry is inserted there), then admitted with a hit.
-A hold never outlives its reader: when it ends (finished, cancelled, failed) the waiters go.
+A hold never outlives its reader: when it ends (finished, cancelled, failed) the waiters go, the
+first of them taking over the read where the reader left it and the others waiting for it.
 Only the engine thread calls this.
 """
 
@@ -49,11 +50,16 @@ class SharedPrefill:
         held = self._holds.get(request.id)
         if held is not None:
             reader, n = held
+            if reader.finished and reader.kv is not None:
+                return True  # ended, not yet reaped: what it read goes into the cache first
             if _reading(reader) and reader.kv.offset < n:
                 return True
-            # The reader passed n (its cache point inserted the entry) or ended: go now.
             del self._holds[request.id]
-            return False
+            if _reading(reader):
+                return False  # it passed n: its cache point inserted the entry
+            # It ended before n (a client that left): the first waiter admitted takes over the
+            # read from what reached the cache, and the others wait for it instead of each
+            # reading the prefix again (8 agents took 53 s against 7.5).
         self._forget_ended_readers()
         prompt = request.prompt_tokens
         reader, n = self._best_source(prompt, active)
@@ -82,8 +88,8 @@ class SharedPrefill:
         return best, best_n
 
     def _forget_ended_readers(self) -> None:
-        # Entries of requests cancelled while held go once their reader has ended.
-        for rid in [rid for rid, (reader, _) in self._holds.items() if not _reading(reader)]:
+        # Entries of requests cancelled while held go once their reader has ended and been reaped.
+        for rid in [rid for rid, (reader, _) in self._holds.items() if reader.kv is None]:
             del self._holds[rid]
 
 
