@@ -314,3 +314,18 @@ def test_a_cache_folder_that_cannot_be_written_still_serves_what_it_holds(tmp_pa
     assert n == 20 and _same(store.load(entry), _kv(20))
     entry.path.write_bytes(b"damaged")
     assert store.load(entry) is None and store.longest(list(range(25)))[0] == 0  # forgotten, not raised
+
+
+def test_copies_in_flight_stay_under_their_host_memory_cap(tmp_path, monkeypatch):
+    from locals.engine.cache import disk_cache
+
+    store = DiskPrefixStore(tmp_path, "m", 10**8, min_tokens=1)
+    one = sum(a.nbytes for pair in _kv(20) for a in pair)
+    monkeypatch.setattr(disk_cache, "HOST_COPIES_MAX_BYTES", int(one * 1.5))
+    store.save(list(range(20)), _kv(20))
+    store.save(list(range(100, 120)), _kv(20, seed=1))  # over the cap with the first in flight: not now
+    store.flush()
+    assert store.longest(list(range(20)))[0] == 20 and store.longest(list(range(100, 120)))[0] == 0
+    store.save(list(range(100, 120)), _kv(20, seed=1))  # a later turn saves it
+    store.flush()
+    assert store.longest(list(range(100, 120)))[0] == 20

@@ -244,6 +244,11 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else n
 
 
+# Host memory the copies of saved prefixes may hold at once (allocated whole when saved, freed
+# once written). Unbounded, 16 system prompts saved at once took +3.2 GB beside the KV budget.
+HOST_COPIES_MAX_BYTES = 1 << 30
+
+
 class DiskPrefixStore:
     """Prefixes on disk for one model: an index of headers, background writes, LRU bound."""
 
@@ -253,6 +258,7 @@ class DiskPrefixStore:
         self.key, self.budget_bytes, self.min_tokens = key, budget_bytes, min_tokens
         self.entries: dict[str, DiskEntry] = {}
         self._queued: dict[str, np.ndarray] = {}  # tokens of writes not on disk yet
+        self._host_bytes: dict[str, int] = {}  # the host memory each of them holds until written
         self._lock = threading.Lock()
         self._copies: deque[HostCopy] = deque()  # saved, not yet in host memory
         self._owner: int | None = None  # the thread that saves (owns MLX) and pumps
@@ -326,11 +332,17 @@ class DiskPrefixStore:
         """
         if len(tokens) < self.min_tokens or self.covered(tokens) == len(tokens):
             return  # too short to be worth a file, or already inside a stored or queued one
-        if sum(a.nbytes for pair in kv for a in pair) > self.budget_bytes:
+        nbytes = sum(a.nbytes for pair in kv for a in pair)
+        if nbytes > self.budget_bytes:
             return  # could never be kept: not worth a copy
+        with self._lock:
+            in_flight = sum(self._host_bytes.values())
+        if in_flight and in_flight + nbytes > HOST_COPIES_MAX_BYTES:
+            return  # host memory for copies stays bounded; the prefix stays in memory, a later turn saves it
         self._owner = threading.get_ident()
         with self._lock:
             self._queued[self.name_of(tokens)] = np.asarray(tokens, np.int64)
+            self._host_bytes[self.name_of(tokens)] = nbytes
         job = HostCopy(list(tokens), kv, str(kv[0][0].dtype).removeprefix("mlx.core."))
         self._copies.append(job)
         threading.Thread(target=job.prepare, name="locals-kv-alloc", daemon=True).start()
@@ -404,6 +416,7 @@ class DiskPrefixStore:
     def _forget_queued(self, tokens: list[int]) -> None:
         with self._lock:
             self._queued.pop(self.name_of(tokens), None)
+            self._host_bytes.pop(self.name_of(tokens), None)
 
     def _write(self, tokens, host, dtype) -> None:
         name = self.name_of(tokens)
