@@ -253,8 +253,9 @@ async def _stream(request: web.Request, outputs, msg_id: str, model: str,
         elif isinstance(out, Done):
             if open_kind:
                 await send("content_block_stop", index=index)
-            if out.reason == "error":
-                await send("error", error={"type": "api_error", "message": out.error or "generation failed"})
+            if failure := out.failure():
+                kind, message = failure
+                await send("error", error={"type": "api_error" if kind == "server_error" else kind, "message": message})
             else:
                 await send("message_delta", delta=_stop_fields(out), usage=_usage(out.usage),
                            **guard_detail(out))

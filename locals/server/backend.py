@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STOPPED_MESSAGE = "the server stopped before this reply was finished; send the request again once it is back"
+TOO_LARGE_MESSAGE = "this request can never fit in the memory budget; shorten the prompt or lower max_tokens"
 # What a request that names no reply limit gets unless the server sets one (`serve --max-tokens`):
 # the memory guard reserves a request's prompt plus its limit, so "the rest of the context" would
 # hold room a reply rarely uses (docs/how-it-works.md, "Guards").
@@ -103,6 +104,16 @@ class Done:
     stop_sequence: str | None = None  # the request's stop string that ended the reply
     cut_call: str | None = None  # the tool whose call the limit or a guard cut off (not handed on)
 
+    def failure(self) -> tuple[str, str] | None:
+        """(OpenAI's error type, message) when the reply failed — the engine's error, or a request
+        that can never fit the memory budget (a 413 unstreamed) — else None. Streams send it as
+        their API's error event, never as a plain finish that passes for an empty answer."""
+        if self.reason == "memory":
+            return "request_too_large", self.error or TOO_LARGE_MESSAGE
+        if self.reason == "error":
+            return "server_error", self.error or "generation failed"
+        return None
+
 
 Output = Text | Thinking | ToolCall | Done
 ACCEPTED = object()  # `run(..., announce=True)` yields it once the request is prepared and queued
@@ -121,8 +132,7 @@ class Completion:
     def raise_for_failure(self) -> None:
         """A request the engine could not serve becomes an HTTP error instead of a reply."""
         if self.done.reason == "memory":
-            raise TooLarge(self.done.error or "this request can never fit in the memory budget; "
-                           "shorten the prompt or lower max_tokens")
+            raise TooLarge(self.done.error or TOO_LARGE_MESSAGE)
         if self.done.reason == "error" and self.done.error == STOPPED_MESSAGE:
             raise ServerStopping(STOPPED_MESSAGE)
         if self.done.reason == "error":

@@ -141,8 +141,8 @@ async def _send_line(lines: EventStream, out, model: str, key: str, started: flo
     elif isinstance(out, ToolCall):
         await lines.send(_piece(model, key, "", [_call_json(out)]))
     elif isinstance(out, Done):
-        if out.reason == "error":
-            await lines.send({"error": out.error or "generation failed"})
+        if failure := out.failure():
+            await lines.send({"error": failure[1]})
         else:
             await lines.send(_final(model, out, started, key))
 

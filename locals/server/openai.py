@@ -160,14 +160,18 @@ async def _send_chat_chunks(stream: EventStream, backend: Backend, outputs, meta
         elif isinstance(out, ToolCall):
             await stream.send(chunk({"tool_calls": [_call_json(out, index)]}))
             index += 1
-        elif out.reason == "error":
-            await stream.send({"error": {"message": out.error or "generation failed",
-                                         "type": "server_error", "param": None, "code": None}})
+        elif failure := out.failure():
+            await stream.send(_error_event(failure))
         else:
             await stream.send({**chunk({}, _FINISH.get(out.reason, "stop")), **guard_detail(out)})
             if include_usage:
                 await stream.send({**meta, "object": "chat.completion.chunk", "choices": [],
                                    "usage": usage_json(out.usage)})
+
+
+def _error_event(failure: tuple[str, str]) -> dict:
+    kind, message = failure
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -197,9 +201,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
                     logprobs = _legacy_logprobs(backend, out.logprobs) if out.logprobs else None
                     await stream.send({**meta, "choices": [{"index": 0, "text": out.text,
                                                             "logprobs": logprobs, "finish_reason": None}]})
-                elif isinstance(out, Done) and out.reason == "error":  # as the chat stream reports it
-                    await stream.send({"error": {"message": out.error or "generation failed",
-                                                 "type": "server_error", "param": None, "code": None}})
+                elif isinstance(out, Done) and out.failure():  # as the chat stream reports it
+                    await stream.send(_error_event(out.failure()))
                 elif isinstance(out, Done):
                     await stream.send({**meta, "usage": usage_json(out.usage), "choices": [{
                         "index": 0, "text": "", "logprobs": None,

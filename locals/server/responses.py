@@ -237,8 +237,9 @@ async def _send_output(events: _ResponseEvents, meta: dict, out) -> None:
     elif isinstance(out, Done):
         await events.close_text(_item_status(out))
         final = _response(meta, _status(out), events.output, out.usage, out.reason)
-        if out.reason == "error":
-            final["error"] = {"code": "server_error", "message": out.error or "generation failed"}
+        if failure := out.failure():
+            final["status"], (kind, message) = "failed", failure
+            final["error"] = {"code": kind, "message": message}
             await events.send("response.failed", response=final)
         elif out.reason == "length":
             await events.send("response.incomplete", response=final)

@@ -110,3 +110,19 @@ async def test_call_cut_by_a_guard_in_anthropic_stream(client, engine):
     delta = next(e for e in events if e["type"] == "message_delta")
     assert delta["delta"]["stop_reason"] == "end_turn"
     assert delta["locals"] == {"finish_reason": "loop", "cut_tool_call": "read_file"}
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"stream": True}),
+    ("/v1/messages", {"stream": True, "max_tokens": 50}),
+    ("/api/chat", {"stream": True}),
+    ("/v1/responses", {"stream": True, "input": "go"}),
+])
+async def test_a_streamed_request_that_can_never_fit_ends_in_an_error_event(client, engine, path, body):
+    # Unstreamed it is a 413; streamed, the headers are out: an error event, not an empty finish.
+    engine.replies = [CutReply("", 0, reason="memory")]
+    resp = await client.post(path, json={"model": "m", "messages": [{"role": "user", "content": "go"}], **body})
+    text = await resp.text()
+    assert resp.status == 200 and "can never fit in the memory budget" in text
+    assert '"request_too_large"' in text or path == "/api/chat"
+    assert "finish_reason\": \"length\"" not in text and "message_stop" not in text
