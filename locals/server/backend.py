@@ -396,7 +396,7 @@ class Backend:
 
 
 # Finish reasons of locals' own that each API reports as its plain stop, plus this detail.
-GUARD_REASONS = {"loop", "tool_loop", "memory", "cancelled"}
+GUARD_REASONS = {"loop", "tool_loop"}
 
 
 def guard_detail(done: Done) -> dict:
