@@ -22,8 +22,7 @@ from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
 
-_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "loop": "end_turn",
-         "cancelled": "end_turn", "memory": "max_tokens"}
+_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "loop": "end_turn"}
 _SKIPPED_BLOCKS = {"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"}
 
 

@@ -21,8 +21,7 @@ from locals.server.state import backend_of
 from locals.server.streaming import EventStream
 from locals.server.toolcalls import ToolCall
 
-_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "loop": "stop",
-           "cancelled": "stop", "memory": "length"}
+_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "loop": "stop"}
 
 
 def sampling_of(body: dict, default_max_tokens: int, legacy_logprobs: bool = False) -> SamplingParams:
