@@ -102,7 +102,9 @@ async def _serve(state: ServerState, model: str | None, host: str, port: int,
         stopping.cancel()
         log.info("stopping")
         if engine is not None:
-            engine.stop()
+            # Off the loop: the stop flushes the disk tier's writes (up to a minute), and the
+            # clients' streams must get their end meanwhile, not after it.
+            await asyncio.to_thread(engine.stop)
         await runner.cleanup()
     return error
 
