@@ -408,7 +408,8 @@ class DiskPrefixStore:
             try:
                 self._write(tokens, host, dtype)
             except OSError as exc:  # a full disk must never take the engine down
-                log.warning("a prompt-cache file was not written (%s); the prefix stays in memory", exc)
+                log.warning("a prompt-cache file was not written in %s (%s); the prefix stays in memory",
+                            self.dir, exc)
             finally:
                 self._forget_queued(tokens)
                 self._queue.task_done()
