@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Liter
 from locals import toolloop
 from locals.errors import RequestError, ServerStopping, TooLarge
 from locals.protocol import (EngineStats, Event, FinishEvent, FinishReason, GenerationRequest, SamplingParams,
-                             TokenEvent, TokenLogprob, Usage)
+                             TokenLogprob, Usage)
 from locals.server import overflow
 from locals.server.activity import STEERED, Activity, RequestRecord
 from locals.server.callers import Caller, caller_of, conversation_key, title_of
 from locals.server.reply_tokens import ReplyTokens
+from locals.server.reply_pieces import Piece, ReplyPieces
 from locals.server.thinking import Thinking, ThinkingSplitter, markers_of
 from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
 from locals.server.typed_controls import TypedControls, encode_spans
@@ -324,7 +325,7 @@ class Backend:
                 async for event in events:
                     if isinstance(event, FinishEvent):
                         for piece in pieces.finish():
-                            yield piece
+                            yield _wrap(piece)
                         done = self._done(event, pieces.calls > 0, (first_at or time.perf_counter()) - submitted,
                                           heard)
                         done.cut_call = pieces.cut.last(chat.api, request.id)
@@ -336,7 +337,7 @@ class Backend:
                     usage.completion_tokens += len(event.tokens)
                     heard.append(event)
                     record.completion_tokens = usage.completion_tokens  # the dashboard's row counts as it goes
-                    out = pieces.feed(event)
+                    out = [_wrap(p) for p in pieces.feed(event)]
                     if event.logprobs and not any(isinstance(p, Text) for p in out):
                         out.insert(0, Text(""))
                     for piece in out:
@@ -408,63 +409,6 @@ def guard_detail(done: Done) -> dict:
     return {"locals": detail} if detail else {}
 
 
-class ReplyPieces:
-    """One reply's text as the APIs hand it on: a thinking model's reasoning (Thinking), the
-    answer's text and its tool calls, less the calls its forced ending cut off (CutCalls)."""
-
-    def __init__(self, splitter: ToolCallSplitter, thinking: ThinkingSplitter | None):
-        self.splitter, self.thinking, self.cut = splitter, thinking, CutCalls()
-
-    @property
-    def calls(self) -> int:
-        return len(self.splitter.calls) - len(self.cut.names)
-
-    def feed(self, event: TokenEvent) -> list[Output]:
-        self.cut.closing = self.cut.closing or event.closing
-        return self._split(self.thinking.feed(event.text) if self.thinking else [event.text])
-
-    def finish(self) -> list[Output]:
-        out = self._split(self.thinking.finish() if self.thinking else [])
-        return out + [_wrap(p) for p in self.cut.kept(self.splitter.finish())]
-
-    def _split(self, texts: list) -> list[Output]:
-        out: list[Output] = []
-        for text in texts:
-            if isinstance(text, Thinking):
-                out.append(text)
-            else:
-                out += [_wrap(p) for p in self.cut.kept(self.splitter.feed(text))]
-        return out
-
-
-class CutCalls:
-    """Holds back the tool calls a reply's forced ending completed. When `max_tokens` or a
-    guard ends a reply inside a call, the constraint closes it so the text parses, but its
-    arguments are cut short: a command cut at `rm -rf /home` or a file cut mid-way would run
-    as if whole. Such a call is dropped (as a cut-off call is unusable from OpenAI or Anthropic);
-    the finish reason says why and `locals.cut_tool_call` names it."""
-
-    def __init__(self):
-        self.closing = False  # set once the engine sent the first token of the forced ending
-        self.names: list[str] = []
-
-    def kept(self, pieces) -> list:
-        out = []
-        for piece in pieces:
-            if self.closing and isinstance(piece, ToolCall):
-                self.names.append(piece.name)
-            else:
-                out.append(piece)
-        return out
-
-    def last(self, api: str, request_id: str) -> str | None:
-        if not self.names:
-            return None
-        log.warning("%s request %s: the reply ended inside a call to %s (max_tokens or a guard); the cut-off "
-                    "call was not returned", api, request_id, self.names[-1])
-        return self.names[-1]
-
-
 def _with_note(messages: list[dict], note: str) -> list[dict]:
     """The conversation with `note` appended to its last message (a tool result or the user's)."""
     last = dict(messages[-1])
@@ -476,7 +420,7 @@ def _with_note(messages: list[dict], note: str) -> list[dict]:
     return [*messages[:-1], last]
 
 
-def _wrap(piece: str | ToolCall) -> Text | ToolCall:
+def _wrap(piece: Piece) -> Text | Thinking | ToolCall:
     return Text(piece) if isinstance(piece, str) else piece
 
 
