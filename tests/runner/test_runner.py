@@ -172,7 +172,8 @@ async def test_a_call_cut_off_by_max_tokens_is_explained_to_the_agent(tmp_path):
         assert told.startswith("Your read_file call was cut off at the 1024-token reply limit and was not run")
         return calls(call("finish", summary="notes.txt starts with 'first line'"))
 
-    report = await run(FakeOpenAI(script), options(project, check=None, agents=1, task="What does notes.txt start with?"))
+    report = await run(FakeOpenAI(script), options(project, check=None, agents=1, sandbox=False,
+                                                   task="What does notes.txt start with?"))
     assert report.ok and report.answer.startswith("notes.txt starts with")
 
 
