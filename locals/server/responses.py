@@ -14,7 +14,7 @@ from aiohttp import web
 
 from locals.errors import RequestError
 from locals.protocol import Usage
-from locals.server.backend import Chat, Completion, Done, Text, Thinking, start
+from locals.server.backend import Chat, Completion, Done, Text, Thinking, guard_detail, start
 from locals.server.wire import get, read_json
 from locals.server.messages import assistant_call, text_of
 from locals.server.openai import model_name, openai_chat
@@ -136,8 +136,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     output += ([_message_item(f"msg_{uuid.uuid4().hex[:24]}", result.text, _item_status(result.done))]
                if result.text else [])
     output += [_call_item(c) for c in result.calls]
-    return web.json_response(_response(meta, _status(result.done), output, result.done.usage,
-                                       result.done.reason))
+    return web.json_response({**_response(meta, _status(result.done), output, result.done.usage,
+                                          result.done.reason), **guard_detail(result.done)})
 
 
 class _ResponseEvents:
@@ -236,7 +236,7 @@ async def _send_output(events: _ResponseEvents, meta: dict, out) -> None:
         await events.call(out)
     elif isinstance(out, Done):
         await events.close_text(_item_status(out))
-        final = _response(meta, _status(out), events.output, out.usage, out.reason)
+        final = {**_response(meta, _status(out), events.output, out.usage, out.reason), **guard_detail(out)}
         if failure := out.failure():
             final["status"], (kind, message) = "failed", failure
             final["error"] = {"code": kind, "message": message}

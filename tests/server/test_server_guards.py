@@ -126,3 +126,12 @@ async def test_a_streamed_request_that_can_never_fit_ends_in_an_error_event(clie
     assert resp.status == 200 and "can never fit in the memory budget" in text
     assert '"request_too_large"' in text or path == "/api/chat"
     assert "finish_reason\": \"length\"" not in text and "message_stop" not in text
+
+
+async def test_a_cut_call_is_named_in_the_responses_api_too(client, engine):
+    engine.replies = [CUT]
+    resp = await client.post("/v1/responses", json={"model": "m", "input": "clean", "tools": [
+        {"type": "function", "name": "read_file", "parameters": TOOLS[0]["function"]["parameters"]}]})
+    body = await resp.json()
+    assert body["status"] == "incomplete" and body["locals"] == {"cut_tool_call": "read_file"}
+    assert [item["type"] for item in body["output"]] == ["message"]
