@@ -62,12 +62,16 @@ def test_required_tool_calls_always_parse_and_validate(client):
     for budget, reply in zip(budgets, replies):
         choice = reply.choices[0]
         calls = choice.message.tool_calls or []
-        assert calls, f"tool_choice=required gave no call (budget {budget}): {choice.message.content!r}"
+        # A call the budget cut off is not returned (its arguments are cut short); the reply names it.
+        cut = ((reply.model_extra or {}).get("locals") or {}).get("cut_tool_call")
+        assert calls or (choice.finish_reason == "length" and cut in PARAMS), \
+            f"tool_choice=required gave no call and named none cut (budget {budget}): {choice.message.content!r}"
         assert choice.finish_reason in ("tool_calls", "length"), choice.finish_reason
         assert reply.usage.completion_tokens <= budget
         for call in calls:
             assert call.function.name in PARAMS, call.function.name
             jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
+    assert sum(1 for r in replies if r.choices[0].message.tool_calls) >= len(replies) // 2
 
 
 @pytest.mark.parametrize("schema", [PERSON, NESTED], ids=["person", "nested"])
