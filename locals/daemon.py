@@ -338,6 +338,7 @@ def _wait_while_busy(port: int, host: str, on_wait) -> dict | None:
         body = health(port, host)
         if body is not None:
             return body
+        time.sleep(0.5)  # one not listening at all refuses at once
         pid = unanswering_server(port)
     if pid is None:
         return None
