@@ -347,13 +347,11 @@ def _wait_while_busy(port: int, host: str, on_wait) -> dict | None:
 
 
 def _clear_stale(port: int) -> None:
-    """A record whose server no longer answers: kill a hung one of ours, then forget it."""
+    """A record whose server no longer runs (`_wait_while_busy` found none): forget it."""
     record = read_record(port)
     if record is None:
         return
     _unload_service(record)
-    if record.pid and _alive(record.pid) and _is_our_server(record.pid, port):
-        _terminate(record.pid, timeout=10)
     remove_record(port)
 
 

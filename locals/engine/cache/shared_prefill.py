@@ -59,7 +59,7 @@ class SharedPrefill:
                 return False  # it passed n: its cache point inserted the entry
             # It ended before n (a client that left): the first waiter admitted takes over the
             # read from what reached the cache, and the others wait for it instead of each
-            # reading the prefix again (8 agents took 53 s against 7.5).
+            # reading the prefix again.
         self._forget_ended_readers()
         prompt = request.prompt_tokens
         reader, n = self._best_source(prompt, active)
