@@ -47,8 +47,18 @@ def write_atomically(path: Path, parts: Iterable[bytes | memoryview]) -> int:
 
 def _remove_dead_temps(path: Path) -> None:
     """Delete the temp files of `path` left by processes that died writing it."""
-    for tmp in path.parent.glob(f"{glob.escape(path.name)}.*.tmp"):
-        pid = tmp.name[len(path.name) + 1:].split(".", 1)[0]
+    remove_dead_temps(path.parent, f"{glob.escape(path.name)}.*.tmp")
+
+
+def remove_dead_temps(folder: Path, pattern: str = "*.tmp") -> None:
+    """Delete the temp files in `folder` whose writer has died; a live process's write stays.
+
+    Another process may share the folder (a second server, `locals generate`), so a temp
+    file is only deleted once the process its name carries is gone.
+    """
+    for tmp in folder.glob(pattern):
+        parts = tmp.name.rsplit(".", 4)  # <name>.<pid>.<thread>.tmp
+        pid = parts[-3] if len(parts) >= 4 else ""
         if pid.isdigit() and not _alive(int(pid)):
             tmp.unlink(missing_ok=True)
 

@@ -329,3 +329,23 @@ def test_copies_in_flight_stay_under_their_host_memory_cap(tmp_path, monkeypatch
     store.save(list(range(100, 120)), _kv(20, seed=1))  # a later turn saves it
     store.flush()
     assert store.longest(list(range(100, 120)))[0] == 20
+
+
+def test_a_second_store_keeps_a_live_writers_temp_file_and_deletes_a_dead_ones(tmp_path):
+    """Two processes may share the folder (a server and `locals generate`): opening it must
+    not delete the temp file of the other's write in progress, only those of dead writers."""
+    import os
+    import subprocess
+    import sys
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    live_tmp = folder / f"{'a' * 32}.kv.{os.getpid()}.{1234}.tmp"
+    dead_tmp = folder / f"{'b' * 32}.kv.{dead}.{1234}.tmp"
+    for path in (live_tmp, dead_tmp):
+        path.write_bytes(b"half a write")
+    DiskPrefixStore(tmp_path, "m", 10**8, min_tokens=1)
+    assert live_tmp.exists(), "a running writer's temp file was deleted"
+    assert not dead_tmp.exists(), "a dead writer's temp file was kept"

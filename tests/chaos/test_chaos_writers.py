@@ -56,13 +56,14 @@ def kill_mid_loop(script: str, args: list[str], rng: random.Random, env: dict | 
 
 
 def test_a_file_written_atomically_is_old_or_new_after_kill_9(tmp_path):
-    rng, path = random.Random(36), tmp_path / "data.bin"
+    rng, path = random.Random(36), tmp_path / "out" / "data.bin"
+    path.parent.mkdir()  # a folder of its own: tmp_path also holds the test's locals home
     for _ in range(12):
         kill_mid_loop(ATOMIC_WRITER, [str(path)], rng)
         data = path.read_bytes()
         body, digest = data[:-32], data[-32:]
         assert len(body) == 4 << 20 and hashlib.sha256(body).digest() == digest
-    leftovers = sorted(p.name for p in tmp_path.iterdir() if p.name != "data.bin")
+    leftovers = sorted(p.name for p in path.parent.iterdir() if p.name != "data.bin")
     assert len(leftovers) <= 1 and all(name.endswith(".tmp") for name in leftovers)  # the last kill's
 
 

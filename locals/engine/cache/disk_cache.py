@@ -7,9 +7,9 @@ at once: a 16k-token prompt of a 4B model is a 2.4 GB file). `save` only records
 prefix's arrays; the MLX thread copies them to host memory in bounded slices (`pump`), and
 a background thread then hashes and writes them to a temp name, flushed to the disk and
 renamed into place (`locals.atomic_file`): a process killed mid-write leaves a `*.tmp`,
-deleted at the next start, never a torn `.kv`. A file that is truncated, tampered with or
-made for another model or tokenizer fails its checks and is deleted, never loaded. Total
-size is bounded; the least recently used files go first.
+deleted at the next start once its writer is gone, never a torn `.kv`. A file that is
+truncated, tampered with or made for another model or tokenizer fails its checks and is
+deleted, never loaded. Total size is bounded; the least recently used files go first.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from locals.atomic_file import write_atomically
+from locals.atomic_file import remove_dead_temps, write_atomically
 from locals.engine.forward.kv import LayerKV
 
 log = logging.getLogger(__name__)
@@ -276,8 +276,7 @@ class DiskPrefixStore:
                 path.unlink(missing_ok=True)
                 continue
             self.entries[path.stem] = DiskEntry(path, np.asarray(header["tokens"], np.int64), path.stat().st_size)
-        for tmp in self.dir.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)
+        remove_dead_temps(self.dir)
 
     @staticmethod
     def name_of(tokens: list[int]) -> str:
