@@ -1,6 +1,6 @@
-"""Runs the server in the background and finds it again: a launchd agent on macOS, a systemd
-user unit on Linux when a user manager runs, else a detached process; a JSON record per
-port in the state dir says how it was started and its pid.
+"""Runs the server in the background and finds it again: started through `locals.service` (a
+launchd agent on macOS, a systemd user unit on Linux when a user manager runs, else a detached
+process); a JSON record per port in the state dir says how it was started and its pid.
 
 Public API (used by the CLI, the runner and the integrations): `ensure_running`, `start`,
 `stop`, `is_running`, `health`, `status`. Nothing here imports the engine at import time; only a
@@ -13,12 +13,9 @@ import contextlib
 import fcntl
 import json
 import os
-import plistlib
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -28,19 +25,16 @@ from typing import Callable
 
 import psutil
 
-from locals import settings
+from locals import service
 from locals.config import (DEFAULT_HOST, DEFAULT_PORT, Remembered, load_remembered, log_dir, record_of,
                            save_remembered, state_dir)
 from locals.errors import LocalsError
+from locals.service import STOP_TIMEOUT_S
 
 SERVICE = "locals"  # how /health and /v1/locals/status name the server (never another one on the port)
 START_TIMEOUT_S = 900  # first start may download a model
-# A stopping server first finishes its prompt-cache disk writes (up to 60 s).
-STOP_TIMEOUT_S = 70
-LOG_ROTATE_BYTES = 20 << 20
 # How long `start` gives a running server that does not answer before saying so (never killing it).
 BUSY_WAIT_S = 30.0
-# Environment a service manager must pass on (it does not inherit the caller's).
 
 
 class AlreadyRunning(LocalsError):
@@ -199,88 +193,6 @@ def _is_our_server(pid: int, port: int) -> bool:
     return port == DEFAULT_PORT
 
 
-# --- how to launch --------------------------------------------------------------------------
-
-def service_manager() -> str:
-    """"launchd" on macOS, "systemd" where a user manager runs, else "process"."""
-    if sys.platform == "darwin" and shutil.which("launchctl"):
-        return "launchd"
-    if sys.platform.startswith("linux") and shutil.which("systemd-run") and shutil.which("systemctl"):
-        try:
-            state = subprocess.run(["systemctl", "--user", "is-system-running"], capture_output=True,
-                                   text=True, timeout=5).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            state = ""
-        if state in ("running", "degraded"):
-            return "systemd"
-    return "process"
-
-
-def _server_command(model: str | None, port: int, host: str, overflow: str | None) -> list[str]:
-    # -P: the caller's folder (a project with its own locals.py) stays off the server's module path.
-    cmd = [sys.executable, "-P", "-m", "locals", "serve", "--port", str(port), "--host", host]
-    return cmd + (["--model", model] if model else []) + (["--overflow", overflow] if overflow else [])
-
-
-def _passed_env() -> dict[str, str]:
-    env = settings.passed_to_daemon()
-    env["PYTHONUNBUFFERED"] = "1"  # log lines reach the file as they happen
-    return env
-
-
-def _rotate(log: Path) -> None:
-    if log.exists() and log.stat().st_size > LOG_ROTATE_BYTES:
-        log.replace(log.with_suffix(".log.1"))
-
-
-def _launch_process(record: ServerRecord, cmd: list[str]) -> subprocess.Popen:
-    with open(record.log, "ab") as out:
-        # A new session: the server outlives this terminal and ignores its Ctrl-C.
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True,
-                                env={**os.environ, **_passed_env()})
-    record.pid = proc.pid
-    return proc
-
-
-def _launch_systemd(record: ServerRecord, cmd: list[str]) -> None:
-    subprocess.run(["systemctl", "--user", "reset-failed", record.unit], capture_output=True)
-    args = ["systemd-run", "--user", f"--unit={record.unit}", "--collect", "--quiet",
-            f"--property=StandardOutput=append:{record.log}",
-            f"--property=StandardError=append:{record.log}", f"--property=TimeoutStopSec={STOP_TIMEOUT_S}"]
-    args += [f"--setenv={k}={v}" for k, v in _passed_env().items()]
-    done = subprocess.run(args + cmd, capture_output=True, text=True)
-    if done.returncode:
-        raise LocalsError(f"systemd-run failed: {done.stderr.strip()}")
-
-
-def _plist_path(record: ServerRecord) -> Path:
-    return Path.home() / "Library" / "LaunchAgents" / f"{record.label}.plist"
-
-
-def _launch_launchd(record: ServerRecord, cmd: list[str]) -> None:
-    path = _plist_path(record)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(plistlib.dumps({
-        "Label": record.label, "ProgramArguments": cmd, "RunAtLoad": True, "KeepAlive": False,
-        "EnvironmentVariables": _passed_env(), "StandardOutPath": record.log,
-        "StandardErrorPath": record.log, "ProcessType": "Interactive",
-        "ExitTimeOut": STOP_TIMEOUT_S}))
-    domain = f"gui/{os.getuid()}"
-    subprocess.run(["launchctl", "bootout", f"{domain}/{record.label}"], capture_output=True)
-    done = subprocess.run(["launchctl", "bootstrap", domain, str(path)], capture_output=True, text=True)
-    if done.returncode:
-        raise LocalsError(f"launchctl bootstrap failed: {done.stderr.strip()}")
-
-
-def _unload_service(record: ServerRecord) -> None:
-    if record.mode == "systemd":
-        subprocess.run(["systemctl", "--user", "stop", record.unit], capture_output=True)
-    elif record.mode == "launchd":
-        subprocess.run(["launchctl", "bootout", f"gui/{os.getuid()}/{record.label}"], capture_output=True)
-        _plist_path(record).unlink(missing_ok=True)
-
-
 # --- start / stop ---------------------------------------------------------------------------
 
 def log_tail(port: int, lines: int = 20, since: int = 0) -> str:
@@ -381,17 +293,10 @@ def _start(model: str | None, port: int, host: str, timeout: float, on_wait, ove
         raise AlreadyRunning(f"locals is already running at {url} with {running.get('model')}; "
                              "run `locals stop` first to change the model or port", model=running.get("model"))
     _clear_stale(port)
-    record = ServerRecord(port=port, host=host, model=model, mode=service_manager(), log=str(log_path(port)))
-    _rotate(Path(record.log))
+    record = ServerRecord(port=port, host=host, model=model, mode=service.service_manager(), log=str(log_path(port)))
+    service.rotate(Path(record.log))
     log_start = _log_size(port)
-    cmd = _server_command(model, port, host, overflow)
-    proc = None
-    if record.mode == "systemd":
-        _launch_systemd(record, cmd)
-    elif record.mode == "launchd":
-        _launch_launchd(record, cmd)
-    else:
-        proc = _launch_process(record, cmd)
+    proc = service.launch(record, service.server_command(model, port, host, overflow))
     write_record(record)
     try:
         _wait_healthy(port, host, timeout, record, proc, on_wait, log_start)
@@ -460,7 +365,7 @@ def stop(port: int | None = None, timeout: float = STOP_TIMEOUT_S) -> bool:
     if record is None and body is None:
         return False
     if record is not None:
-        _unload_service(record)
+        service.unload(record)
     pid = (record.pid if record else None) or (body or {}).get("pid")
     ours = bool(pid and _alive(pid) and _is_our_server(pid, port))
     if ours:

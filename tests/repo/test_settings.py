@@ -13,7 +13,7 @@ from tests.helpers.repo import REPO
 CODE = [p for d in ("locals", "agents", "integrations") for p in (REPO / d).rglob("*.py")]
 # Besides the settings module: places that build the environment of a child process (or of
 # MLX, which reads its kernel cache folder from this process's environment).
-CHILD_ENVIRONMENTS = {"locals/engine/load/backend.py", "locals/daemon.py", "locals/traffic/servers.py",
+CHILD_ENVIRONMENTS = {"locals/engine/load/backend.py", "locals/service.py", "locals/traffic/servers.py",
                       "agents/sandbox.py", "integrations/launcher.py"}
 
 

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from locals import daemon
+from locals import daemon, service
 from locals.config import load_remembered
 from locals.errors import LocalsError
 from locals.server.run import check_bind
@@ -86,7 +86,7 @@ def test_non_loopback_bind_needs_allow_remote(host, allow, ok):
 
 
 def test_a_server_that_dies_while_starting_is_reported(monkeypatch):
-    monkeypatch.setattr(daemon, "service_manager", lambda: "process")
+    monkeypatch.setattr(service, "service_manager", lambda: "process")
     with pytest.raises(LocalsError) as info:
         daemon.start("/nonexistent/model-folder", 18559, timeout=120)
     message = str(info.value)

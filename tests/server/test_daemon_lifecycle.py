@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from locals import daemon
+from locals import daemon, service
 from locals.config import Remembered, save_remembered
 from locals.errors import LocalsError
 
@@ -217,7 +217,7 @@ def test_stop_of_a_server_its_service_manager_stopped_says_stopped(monkeypatch, 
     port = server.server_port
     daemon.write_record(daemon.ServerRecord(port=port, mode="systemd", pid=stranger.pid))
     # `systemctl --user stop` waits until the unit is gone: the server answers no more.
-    monkeypatch.setattr(daemon, "_unload_service", lambda record: server.shutdown() or server.server_close())
+    monkeypatch.setattr(service, "unload", lambda record: server.shutdown() or server.server_close())
     assert daemon.stop(port) is True
     assert stranger.poll() is None and daemon.read_record(port) is None
 
@@ -233,8 +233,8 @@ def test_start_hands_its_overflow_policy_to_the_server_and_refuses_an_unknown_on
         launched.append(cmd)
         raise LocalsError("launch stopped by the test")
 
-    monkeypatch.setattr(daemon, "service_manager", lambda: "process")
-    monkeypatch.setattr(daemon, "_launch_process", launch)
+    monkeypatch.setattr(service, "service_manager", lambda: "process")
+    monkeypatch.setattr(service, "launch_process", launch)
     result = CliRunner().invoke(app, ["start", "--model", "smollm2", "--port", "18612", "--overflow", "trim"])
     assert "launch stopped by the test" in str(result.exception or result.output)
     assert launched and launched[0][launched[0].index("serve"):][-2:] == ["--overflow", "trim"]
