@@ -20,6 +20,7 @@ from locals.server.wire import get, read_json, stop_list
 from locals.server.messages import assistant_call, client_tools, text_of
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
+from locals.server.thinking import asked_anthropic
 from locals.server.toolcalls import ToolCall
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "loop": "end_turn"}
@@ -164,6 +165,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     chat = chat_of(request, body, "anthropic", messages=converted, tools=chat_tools(body.get("tools")),
                    json_schema=schema, strict_schema=schema is not None,
                    continue_final=_prefill(converted), tool_choice=tool_choice_of(body.get("tool_choice")),
+                   thinking=asked_anthropic(body),
                    parallel_tool_calls=not (body.get("tool_choice") or {}).get("disable_parallel_tool_use", False),
                    sampling=SamplingParams(
                        temperature=get(body, "temperature", float, 1.0),

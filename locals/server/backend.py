@@ -24,7 +24,7 @@ from locals.server.activity import STEERED, Activity, RequestRecord
 from locals.server.callers import Caller, caller_of, conversation_key, title_of
 from locals.server.reply_tokens import ReplyTokens
 from locals.server.reply_pieces import Piece, ReplyPieces
-from locals.server.thinking import Thinking, ThinkingSplitter, markers_of
+from locals.server.thinking import Thinking, ThinkingSplitter, can_think, markers_of, thinks
 from locals.server.toolcalls import ToolCall, ToolCallSplitter, tool_format_of
 from locals.server.typed_controls import TypedControls, encode_spans
 
@@ -60,6 +60,7 @@ class Chat:
     continue_final: bool = False  # the last message is the assistant's start (a prefill): continue it
     caller: Caller = field(default_factory=Caller)  # who sent it, for the conversations view
     overflow: str | None = None  # the request's own overflow policy (its `truncation`); None: the server's
+    thinking: bool | None = None  # the request's own thinking switch; None: as the model's name asked
 
     @property
     def parses_tools(self) -> bool:
@@ -201,16 +202,17 @@ class Backend:
         return encode_spans(text, spans, lambda part: list(self.loaded.tokenizer.encode(part, add_special_tokens=False)))
 
     def encode_chat(self, messages: list[dict], tools: list[dict] | None = None,
-                    continue_final: bool = False) -> list[int]:
+                    continue_final: bool = False, thinking: bool | None = None) -> list[int]:
         if continue_final:
             try:
-                text = self._render(self.loaded, messages, tools=tools or None, continue_final=True)
+                text = self._render(self.loaded, messages, tools=tools or None, continue_final=True,
+                                    thinking=thinking)
                 return self.encode_text(text, messages)
             except Exception:  # a template that cannot leave its last message open: a new turn
                 log.info("the chat template cannot continue a prefill; the reply starts a new turn")
         try:
             text = self._render(self.loaded, messages, tools=tools or None,
-                                add_generation_prompt=True)
+                                add_generation_prompt=True, thinking=thinking)
         except RequestError:
             raise
         except Exception as exc:  # a template that rejects these messages
@@ -227,6 +229,8 @@ class Backend:
             raise RequestError(problem)
         if chat.tool_choice not in ("auto", "none") and not chat.tools:
             raise RequestError("`tool_choice` asks for a tool call but the request offers no `tools`")
+        if not can_think(self.loaded):
+            chat.thinking = None  # a switch the model cannot act on (its template may not know it)
         points: list[int] = []
         if chat.prompt is not None:
             tokens = list(self.loaded.tokenizer.encode(chat.prompt))
@@ -234,7 +238,7 @@ class Backend:
                 raise RequestError("`prompt` is empty: send the text the model should continue")
         else:
             tokens = self._fit(chat, self._brief(chat, self.encode_chat(chat.messages or [], chat.tools,
-                                                                       chat.continue_final)))
+                                                                       chat.continue_final, chat.thinking)))
             points = self._boundaries(self.loaded, chat.messages or [], chat.tools, tokens,
                                       encode=lambda text: self.encode_text(text, chat.messages))
         sampling = chat.sampling
@@ -255,7 +259,8 @@ class Backend:
                 max_tokens=sampling.max_tokens, strict_schema=chat.strict_schema)
         return GenerationRequest(prompt_tokens=tokens, sampling=sampling, constraint=constraint,
                                  cache_points=points,
-                                 meta={"api": chat.api, "raw": chat.prompt is not None or chat.continue_final})
+                                 meta={"api": chat.api, "raw": chat.prompt is not None or chat.continue_final,
+                                       "thinking": thinks(self.loaded, chat.thinking)})
 
     def _short_of_room(self, chat: Chat, tokens: list[int]) -> bool:
         """Whether the prompt leaves its reply too little of the window (overflow.needs_trimming)."""
@@ -270,7 +275,7 @@ class Backend:
         brief = overflow.briefed(chat.tools)
         if brief is None:
             return tokens
-        shorter = self.encode_chat(chat.messages or [], brief, chat.continue_final)
+        shorter = self.encode_chat(chat.messages or [], brief, chat.continue_final, chat.thinking)
         log.warning("%s prompt of %d tokens is %d with its %d tools' descriptions cut to their first paragraph "
                     "(the %d-token context)", chat.api, len(tokens), len(shorter), len(brief), self.context_length)
         chat.tools = brief
@@ -282,7 +287,8 @@ class Backend:
         if (chat.overflow or self.overflow) != "trim" or not self._short_of_room(chat, tokens):
             return tokens
         fitted = overflow.fit(
-            chat.messages or [], lambda messages: self.encode_chat(messages, chat.tools, chat.continue_final),
+            chat.messages or [], lambda messages: self.encode_chat(messages, chat.tools, chat.continue_final,
+                                                                   chat.thinking),
             lambda text: len(self.loaded.tokenizer.encode(text, add_special_tokens=False)), self.context_length)
         if len(fitted.tokens) >= self.context_length:
             raise overflow.unfittable(len(tokens), self.context_length, len(fitted.tokens))
@@ -352,9 +358,9 @@ class Backend:
                          request.id, usage.completion_tokens)
 
     def _thinking(self, request: GenerationRequest) -> ThinkingSplitter | None:
-        """A splitter for a thinking model's reply (thinking.py); None for other models and raw prompts."""
+        """A splitter for a thinking reply (thinking.py); None for other replies and raw prompts."""
         markers = markers_of(self.loaded)
-        if markers is None or request.meta.get("raw"):
+        if markers is None or request.meta.get("raw") or not request.meta.get("thinking"):
             return None
         tail = self.loaded.tokenizer.decode(request.prompt_tokens[-16:])
         return ThinkingSplitter(markers, ThinkingSplitter.opens_in(tail, markers))

@@ -18,6 +18,7 @@ from locals.server.wire import get, read_json, stop_list
 from locals.server.messages import assistant_call, openai_tools, text_of
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
+from locals.server.thinking import asked_ollama
 from locals.server.toolcalls import ToolCall
 
 # The Ollama API version whose shapes these handlers follow; clients compare it, not ours.
@@ -169,7 +170,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return _load_reply(body, _model(body, backend), "message")
     request_chat = chat_of(request, body, "ollama", messages=_messages(body.get("messages")),
                            tools=openai_tools(body.get("tools")), json_schema=_format_schema(body.get("format")),
-                           sampling=sampling)
+                           sampling=sampling, thinking=asked_ollama(body, backend.loaded))
     return await _reply(request, backend, request_chat, _model(body, backend),
                         get(body, "stream", bool, True), "message")
 
@@ -193,7 +194,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         if get(body, "system", str):
             messages.insert(0, {"role": "system", "content": body["system"]})
         request_chat = chat_of(request, body, "ollama", messages=messages, sampling=_sampling(body, backend.default_max_tokens),
-                               json_schema=_format_schema(body.get("format")))
+                               json_schema=_format_schema(body.get("format")), thinking=asked_ollama(body, backend.loaded))
     return await _reply(request, backend, request_chat, model, get(body, "stream", bool, True),
                         "response")
 

@@ -19,6 +19,7 @@ from locals.server.messages import (openai_messages, openai_tool_choice,
                                     strict_response_format)
 from locals.server.state import backend_of
 from locals.server.streaming import EventStream
+from locals.server.thinking import asked_openai
 from locals.server.toolcalls import ToolCall
 
 _FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "loop": "stop"}
@@ -100,7 +101,8 @@ def openai_chat(request: web.Request, body: dict, api: str, messages: list[dict]
                    json_schema=schema_of_response_format(response_format),
                    strict_schema=strict_response_format(response_format),
                    parallel_tool_calls=get(body, "parallel_tool_calls", bool, True),
-                   sampling=sampling_of(body, backend_of(request).default_max_tokens))
+                   sampling=sampling_of(body, backend_of(request).default_max_tokens),
+                   thinking=asked_openai(body, api))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

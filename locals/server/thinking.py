@@ -1,7 +1,7 @@
 """Splits a thinking model's reply into its thinking and its answer.
 
-A model named with `-thinking` (models.md) writes its reasoning between markers its tokenizer
-knows (`<think>` … `</think>` for Qwen; mlx-lm's TokenizerWrapper names them), or its template
+A model named with `-thinking` (models.md), or asked to think by the request (each API's own
+switch, `Chat.thinking`), writes its reasoning between markers its tokenizer knows (`<think>` … `</think>` for Qwen; mlx-lm's TokenizerWrapper names them), or its template
 opens the block in the prompt so the reply starts inside it. Each API hands the thinking on in
 its own field — OpenAI's `reasoning_content` (as vLLM and llama.cpp), Anthropic's `thinking`
 blocks, Ollama's `thinking`, a Responses `reasoning` item — and the answer alone as the reply,
@@ -11,8 +11,11 @@ so tools neither show the reasoning as the answer nor parse calls out of it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from locals.errors import RequestError
 from locals.server.toolcalls import partial_suffix
+from locals.server.wire import get
 
 
 @dataclass
@@ -28,12 +31,67 @@ class ThinkMarkers:
     end: str
 
 
-def markers_of(loaded) -> ThinkMarkers | None:
-    """The thinking markers of a model whose name asked for thinking, else None."""
-    tokenizer = loaded.tokenizer
-    if not getattr(loaded, "thinking", False) or not getattr(tokenizer, "has_thinking", False):
+def can_think(loaded) -> bool:
+    """Whether the model's tokenizer names thinking markers (mlx-lm's TokenizerWrapper)."""
+    return bool(getattr(loaded.tokenizer, "has_thinking", False))
+
+
+def thinks(loaded, asked: bool | None) -> bool:
+    """Whether a reply thinks: as the request asked (None: as the model's name asked, `-thinking`),
+    and only where the model can."""
+    return can_think(loaded) and (bool(getattr(loaded, "thinking", False)) if asked is None else asked)
+
+
+# Each API's own switch, read as on, off or unsaid (None: the model's name decides). An
+# "adaptive" Anthropic request (Claude Code's default for a model it does not know) and a
+# Responses request naming no effort (Codex's) leave it to the model.
+_EFFORT = {"none": False, "minimal": False, "low": True, "medium": True, "high": True, "xhigh": True}
+
+
+def _effort(value: Any, key: str) -> bool | None:
+    if value is None:
         return None
-    return ThinkMarkers(tokenizer.think_start, tokenizer.think_end)
+    if value not in _EFFORT:
+        raise RequestError(f"`{key}` must be one of {', '.join(_EFFORT)}, got {value!r}"[:200])
+    return _EFFORT[value]
+
+
+def asked_openai(body: dict, api: str) -> bool | None:
+    """Chat Completions: `chat_template_kwargs.enable_thinking` (vLLM's, llama.cpp's), else
+    `reasoning_effort`; Responses: `reasoning.effort`."""
+    if api == "responses":
+        return _effort(get(body, "reasoning", dict, {}).get("effort"), "reasoning.effort")
+    kwargs = get(body, "chat_template_kwargs", dict, {})
+    unknown = sorted(set(kwargs) - {"enable_thinking"})
+    if unknown:
+        raise RequestError(f"`chat_template_kwargs` takes `enable_thinking` only, not {', '.join(unknown)}"[:200])
+    on = get(kwargs, "enable_thinking", bool)
+    return on if on is not None else _effort(body.get("reasoning_effort"), "reasoning_effort")
+
+
+def asked_anthropic(body: dict) -> bool | None:
+    """`thinking.type`: enabled, disabled, or adaptive (the model's own default)."""
+    kind = get(body, "thinking", dict, {}).get("type")
+    choices = {"enabled": True, "disabled": False, "adaptive": None, None: None}
+    if kind not in choices:
+        raise RequestError(f"`thinking.type` must be enabled, disabled or adaptive, got {kind!r}"[:200])
+    return choices[kind]
+
+
+def asked_ollama(body: dict, loaded) -> bool | None:
+    """`think`: true or false, or an effort (low, medium, high); a model that cannot think refuses
+    true, as Ollama does."""
+    value = body.get("think")
+    on = _effort(value, "think") if isinstance(value, str) else get(body, "think", bool)
+    if on and not can_think(loaded):
+        raise RequestError(f'"{getattr(loaded, "name", "this model")}" does not support thinking')
+    return on
+
+
+def markers_of(loaded) -> ThinkMarkers | None:
+    """The thinking markers of a model that can think, else None."""
+    tokenizer = loaded.tokenizer
+    return ThinkMarkers(tokenizer.think_start, tokenizer.think_end) if can_think(loaded) else None
 
 
 class ThinkingSplitter:

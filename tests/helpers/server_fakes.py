@@ -40,10 +40,11 @@ class FakeLoaded:
     tokenizer = CharTokenizer()
 
 
-def render(loaded, messages, tools=None, add_generation_prompt=True, continue_final=False):
+def render(loaded, messages, tools=None, add_generation_prompt=True, continue_final=False, thinking=None):
     """A plain transcript, tools first, so tests can see what reached the prompt; `continue_final`
-    leaves the last message open."""
+    leaves the last message open; a request's thinking switch shows as a first line."""
     head = f"tools: {json.dumps(tools)}\n" if tools else ""
+    head = (f"thinking: {thinking}\n" if thinking is not None else "") + head
     text = head + "".join(f"{m['role']}: {m.get('content') or ''}"
                           f"{json.dumps(m['tool_calls']) if m.get('tool_calls') else ''}\n"
                           for m in messages)

@@ -196,4 +196,6 @@ def test_thinking_is_off_unless_the_name_asks_for_it():
     for thinking in (False, True):
         loaded = SimpleNamespace(tokenizer=Tokenizer(), thinking=thinking, tools_in_template=True)
         render_prompt(loaded, [{"role": "user", "content": "hi"}])
-    assert seen == [False, True]
+        for asked in (False, True):  # a request's own switch wins over the name
+            render_prompt(loaded, [{"role": "user", "content": "hi"}], thinking=asked)
+    assert seen == [False, False, True, True, False, True]

@@ -43,13 +43,17 @@ class ThinkingTokenizer(CharTokenizer):
     has_thinking, think_start, think_end = True, "<think>", "</think>"
 
 
-@pytest.fixture
-async def served():
+async def _serve(named_thinking: bool):
     engine = ScriptedEngine()
     state = make_state(engine)
     state.backend.loaded.tokenizer = ThinkingTokenizer()
-    state.backend.loaded.thinking = True
-    client = await start_client(state)
+    state.backend.loaded.thinking = named_thinking
+    return await start_client(state), engine
+
+
+@pytest.fixture
+async def served():
+    client, engine = await _serve(named_thinking=True)
     yield client, engine
     await client.close()
 
@@ -106,3 +110,71 @@ async def test_responses_stream_a_reasoning_item_before_the_message(served):
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
     assert deltas.strip() == "The user wants the capital." == done[0]["content"][0]["text"].strip()
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def _prompt(engine) -> str:
+    return "".join(chr(t) for t in engine.requests[-1].prompt_tokens)
+
+
+@pytest.mark.parametrize("path, switch, on", [
+    ("/v1/chat/completions", {"chat_template_kwargs": {"enable_thinking": True}}, True),
+    ("/v1/chat/completions", {"reasoning_effort": "high"}, True),
+    ("/v1/chat/completions", {"reasoning_effort": "none"}, False),
+    ("/v1/responses", {"reasoning": {"effort": "low", "summary": "auto"}}, True),
+    ("/v1/responses", {"reasoning": {"summary": "auto"}}, None),  # Codex on a model it does not know
+    ("/v1/messages", {"thinking": {"type": "enabled", "budget_tokens": 2048}}, True),
+    ("/v1/messages", {"thinking": {"type": "disabled"}}, False),
+    ("/v1/messages", {"thinking": {"type": "adaptive", "display": "omitted"}}, None),  # Claude Code's default
+    ("/api/chat", {"think": True}, True),
+    ("/api/chat", {"think": "medium"}, True),
+    ("/api/chat", {"think": False}, False),
+])
+async def test_each_apis_own_switch_reaches_the_template(served, path, switch, on):
+    client, engine = served
+    key = "input" if path == "/v1/responses" else "messages"
+    body = {key: ASK, "max_tokens": 50, "stream": False, **switch}
+    resp = await client.post(path, json=body)
+    assert resp.status == 200, await resp.text()
+    said = _prompt(engine).splitlines()[0]
+    assert said == f"thinking: {on}" if on is not None else not said.startswith("thinking:")
+
+
+async def test_a_request_turns_thinking_on_for_a_model_named_without_it():
+    client, engine = await _serve(named_thinking=False)  # `qwen`, not `qwen-thinking`
+    try:
+        engine.replies = [REPLY, REPLY]
+        plain = (await (await client.post("/v1/chat/completions", json={"messages": ASK})).json())["choices"][0]
+        assert plain["message"]["content"] == REPLY and "reasoning_content" not in plain["message"]
+        asked = await client.post("/v1/chat/completions", json={
+            "messages": ASK, "chat_template_kwargs": {"enable_thinking": True}})
+        message = (await asked.json())["choices"][0]["message"]
+        assert message["content"] == "Paris." and message["reasoning_content"].strip() == "The user wants the capital."
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("path, switch, words", [
+    ("/v1/chat/completions", {"chat_template_kwargs": {"enable_thinking": "yes"}}, "enable_thinking"),
+    ("/v1/chat/completions", {"chat_template_kwargs": {"reasoning_budget": 10}}, "enable_thinking` only"),
+    ("/v1/chat/completions", {"reasoning_effort": "extreme"}, "reasoning_effort"),
+    ("/v1/messages", {"thinking": {"type": "on"}}, "thinking.type"),
+    ("/api/chat", {"think": "hard"}, "think"),
+])
+async def test_a_malformed_switch_is_a_400_naming_it(served, path, switch, words):
+    client, _ = served
+    resp = await client.post(path, json={"messages": ASK, "max_tokens": 50, "stream": False, **switch})
+    assert resp.status == 400 and words in await resp.text()
+
+
+async def test_ollama_refuses_think_on_a_model_that_cannot_and_the_others_ignore_it():
+    engine = ScriptedEngine()
+    client = await start_client(make_state(engine))  # CharTokenizer: no thinking markers
+    try:
+        resp = await client.post("/api/chat", json={"messages": ASK, "stream": False, "think": True})
+        assert resp.status == 400 and "does not support thinking" in await resp.text()
+        assert (await client.post("/api/chat", json={"messages": ASK, "stream": False, "think": False})).status == 200
+        resp = await client.post("/v1/chat/completions", json={
+            "messages": ASK, "chat_template_kwargs": {"enable_thinking": True}})
+        assert resp.status == 200 and not _prompt(engine).startswith("thinking:")
+    finally:
+        await client.close()

@@ -114,9 +114,11 @@ def _parsed_arguments(call: dict) -> dict:
 
 
 def render_prompt(loaded, messages: list[dict], tools: list[dict] | None = None,
-                  add_generation_prompt: bool = True, continue_final: bool = False) -> str:
+                  add_generation_prompt: bool = True, continue_final: bool = False,
+                  thinking: bool | None = None) -> str:
     """The prompt text for `messages` (OpenAI-shaped) and `tools` on this model; `continue_final`:
-    the last (assistant) message left open for the reply to continue (a prefill)."""
+    the last (assistant) message left open for the reply to continue (a prefill); `thinking`: the
+    request's own choice (None: as the model's name asked)."""
     tokenizer = loaded.tokenizer
     kwargs: dict[str, Any] = {"add_generation_prompt": add_generation_prompt and not continue_final,
                               "tokenize": False}
@@ -124,9 +126,9 @@ def render_prompt(loaded, messages: list[dict], tools: list[dict] | None = None,
         kwargs["continue_final_message"] = True
     # Said either way: Qwen3's templates think unless told not to, and mlx-lm's tokenizer wrapper
     # turns thinking on for any vocabulary with <think>. Off unless the name asked for it
-    # (`qwen-thinking`): a past turn's thinking is dropped from the prompt, so thinking replies
-    # would also lose their KV at every turn.
-    kwargs["enable_thinking"] = bool(loaded.thinking)
+    # (`qwen-thinking`) or the request: a past turn's thinking is dropped from the prompt, so
+    # thinking replies would also lose their KV at every turn.
+    kwargs["enable_thinking"] = bool(loaded.thinking) if thinking is None else thinking
     if loaded.tools_in_template:
         return tokenizer.apply_chat_template(_normalize(messages), tools=tools or None, **kwargs)
     return tokenizer.apply_chat_template(_inject_tools(messages, tools), **kwargs)
