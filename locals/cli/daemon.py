@@ -162,6 +162,9 @@ def status(
                                     "prompt tokens served from the prefix cache")
         table.add_row("KV cache", _size(engine["kv_bytes"]) +
                       (f" of {_size(engine['kv_budget_bytes'])}" if engine["kv_budget_bytes"] else ""))
+        disk = disk_line(engine.get("extra") or {})
+        if disk:
+            table.add_row("disk cache", disk)
         kernels = kernels_line(engine.get("extra") or {})
         if kernels:
             table.add_row("kernels", kernels)
@@ -172,6 +175,18 @@ def status(
         if gaps:
             table.add_row("stalls", gaps)
     console.print(table)
+
+
+def disk_line(extra: dict) -> str | None:
+    """The prompt cache's disk writes, with the latest failure's reason; None without a disk tier."""
+    writes = extra.get("prefix_disk_writes") or {}
+    if not writes:
+        return None
+    written = int(writes.get("written") or 0)
+    line = f"{written} prompt{'' if written == 1 else 's'} written, {int(extra.get('prefix_disk_hits') or 0)} loaded"
+    if writes.get("failed"):
+        line += f"; [red]{writes['failed']} not written[/red] (latest: {writes.get('last_failure')})"
+    return line
 
 
 def kernels_line(extra: dict) -> str | None:

@@ -230,6 +230,7 @@ class Engine:
                    "prefix_cache_bytes": int(self.prefix_cache.nbytes),
                    "prefix_disk_hits": int(self.prefix_cache.disk_hits),
                    "prefix_disk_skipped": int(self.prefix_cache.disk_skipped),
+                   "prefix_disk_writes": self.prefix_cache.disk_writes(),
                    "shared_prefill_waits": self.shared_prefill.waits},
         )
 

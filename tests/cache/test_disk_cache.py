@@ -100,6 +100,31 @@ def test_writes_go_on_after_the_folder_is_cleared_under_a_running_server(tmp_pat
     assert len(list((tmp_path / "m").glob("*.kv"))) == 1
 
 
+def test_a_write_the_disk_refuses_is_counted_with_its_reason_for_status(tmp_path, monkeypatch):
+    import errno
+
+    from locals.cli.daemon import disk_line
+    from locals.engine.cache import disk_cache
+
+    store = DiskPrefixStore(tmp_path, "m", 10**8, min_tokens=1)
+    store.save(list(range(20)), _kv(20))
+    store.flush()
+
+    def full(path, parts):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk_cache, "write_atomically", full)
+    store.save(list(range(100, 130)), _kv(30, seed=1))
+    store.flush()
+    tiers = TieredPrefixCache(MemoryPrefixCache(10**8), store)
+    writes = tiers.disk_writes()
+    assert writes["written"] == 1 and writes["failed"] == 1
+    assert writes["last_failure"] == f"No space left on device in {tmp_path / 'm'}"
+    line = disk_line({"prefix_disk_writes": writes, "prefix_disk_hits": 3})
+    assert line.startswith("1 prompt written, 3 loaded") and "1 not written" in line and "No space" in line
+    assert disk_line({"prefix_disk_writes": {}}) is None and MemoryPrefixCache(10**8).disk_writes() == {}
+
+
 def test_budget_evicts_least_recently_used(tmp_path):
     store = DiskPrefixStore(tmp_path, "m", budget_bytes=10**9, min_tokens=1)
     store.save(list(range(10)), _kv(10))

@@ -263,6 +263,9 @@ class DiskPrefixStore:
         self._copies: deque[HostCopy] = deque()  # saved, not yet in host memory
         self._owner: int | None = None  # the thread that saves (owns MLX) and pumps
         self._queue: queue.Queue = queue.Queue()
+        self.written = 0  # files written since the start
+        self.write_failures = 0  # files that could not be written (a full disk, a read-only folder)
+        self.last_failure: str | None = None  # why the latest of them failed, for `locals status`
         self._scan()
         threading.Thread(target=self._writer, name="locals-kv-writer", daemon=True).start()
 
@@ -406,9 +409,12 @@ class DiskPrefixStore:
             tokens, host, dtype = self._queue.get()
             try:
                 self._write(tokens, host, dtype)
+                self.written += 1
             except OSError as exc:  # a full disk must never take the engine down
                 log.warning("a prompt-cache file was not written in %s (%s); the prefix stays in memory",
                             self.dir, exc)
+                self.write_failures += 1
+                self.last_failure = f"{exc.strerror or exc} in {self.dir}"
             finally:
                 self._forget_queued(tokens)
                 self._queue.task_done()

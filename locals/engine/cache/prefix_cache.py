@@ -25,6 +25,10 @@ class PrefixCache(Protocol):
     disk_hits: int = 0  # lookups answered from disk
     disk_skipped: int = 0  # lookups that read a prefix on disk again instead, as the quicker way
 
+    def disk_writes(self) -> dict:
+        """The disk tier's writes since the start (`written`, `failed`, `last_failure`); empty without one."""
+        return {}
+
     def lookup(self, tokens: list[int]) -> tuple[int, list[LayerKV] | None]: ...
 
     def insert(self, tokens: list[int], kv: list[LayerKV]) -> None: ...

@@ -131,6 +131,10 @@ class TieredPrefixCache(PrefixCache):
         request skipping it is better off waiting for a row that reads it, `SharedPrefill`)."""
         return self._disk_entry(tokens, self.memory.longest(tokens), count=False)[0]
 
+    def disk_writes(self) -> dict:
+        return {"written": self.disk.written, "failed": self.disk.write_failures,
+                "last_failure": self.disk.last_failure}
+
     @property
     def nbytes(self) -> int:
         return self.memory.nbytes
