@@ -15,6 +15,7 @@ import aiohttp
 
 from agents.check import CheckVerdict
 from agents.events import AgentStep, CheckDone, EventSink
+from agents.prompts import final_answer_messages
 from agents.tools import Toolbox, tool_schemas
 from locals.client import ChatClient, ToolCall
 from locals.errors import LocalsError
@@ -32,6 +33,19 @@ def _nudge(reply, max_tokens: int) -> str:
     return (f"Your {reply.cut_call} call was cut off at the {max_tokens}-token reply limit and was not run. "
             "Make it smaller: change a file with edit_file rather than rewrite it, or write a short first "
             "version and extend it with edit_file.")
+
+
+def without_repeats(text: str) -> str:
+    """An answer with its paragraphs said once: a small model that loops on a sentence until
+    its token limit (too short for the server's loop guard) gives it once, and the cut-off
+    restart of it at the end goes."""
+    kept: list[str] = []
+    for paragraph in (p.strip() for p in text.strip().split("\n\n")):
+        if paragraph and paragraph not in kept:
+            kept.append(paragraph)
+    if len(kept) > 1 and any(k.startswith(kept[-1]) for k in kept[:-1]):
+        kept.pop()
+    return "\n\n".join(kept)
 
 
 CheckFn = Callable[[], Awaitable[CheckVerdict]]
@@ -182,13 +196,14 @@ class Agent:
 
     async def _final_answer(self) -> None:
         """Question mode with steps spent: ask once more, without tools, for the answer."""
-        self.messages.append({"role": "user", "content": "Stop using tools. Answer the question now, briefly."})
-        reply = await self.client.chat(self.messages, temperature=self.sampling.temperature,
+        reply = await self.client.chat(final_answer_messages(self.messages), temperature=self.sampling.temperature,
                                        seed=self.sampling.seed, max_tokens=self.sampling.max_tokens,
                                        session=self.session)
+        self.messages.append({"role": "user", "content": "(steps spent: asked for the answer without tools)"})
+        self.messages.append(reply.assistant_message())
         self.result.prompt_tokens += reply.prompt_tokens
         self.result.completion_tokens += reply.completion_tokens
-        text = reply.content.strip()
+        text = without_repeats(reply.content)
         if not text:  # a server that still constrained the reply to a call: take finish's summary
             text = " ".join(str(c.arguments.get("summary", "")) for c in reply.tool_calls).strip()
         self.result.status, self.result.summary = ("answered", text) if text else ("failed", "")

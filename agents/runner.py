@@ -193,13 +193,16 @@ class Team:
         tmp = self.area.path / f"{path.name}-tmp"
         tmp.mkdir(exist_ok=True)
         sandbox = make_sandbox(path, tmp, network=self.options.network, enabled=self.options.sandbox)
+        names = [line for line in listing.splitlines() if not line.startswith("... and ")]
         if self.checker is None:
             toolbox = Toolbox(path, sandbox, READ_TOOLS, self.options.command_timeout_s)
-            messages = asker_messages(self.options.task, listing)
+            named = toolbox.named_files(self.options.task, names)
+            messages = asker_messages(self.options.task, listing, named)
             check = None
         else:
             toolbox = Toolbox(path, sandbox, WRITE_TOOLS, self.options.command_timeout_s)
-            messages = coder_messages(self.options.task, part, n_parts, self.options.check, listing)
+            named = toolbox.named_files(" ".join([self.options.task, part.goal, *part.files]), names)
+            messages = coder_messages(self.options.task, part, n_parts, self.options.check, listing, named)
             checker = self.checker
 
             async def check():

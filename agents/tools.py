@@ -15,6 +15,9 @@ from agents.sandbox import Sandbox, cap_text, run_confined
 
 SKIP_DIRS = {".git", "__pycache__", "node_modules", ".venv", "venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 READ_CAP = 16_000
+# Files a task names go into the first prompt up to these sizes (a small model's window is 8k
+# tokens); bigger ones the agent reads itself.
+NAMED_FILES, NAMED_FILE_BYTES, NAMED_FILES_BYTES = 4, 3_000, 6_000
 EDIT_MAX_BYTES = 4_000_000  # edit_file reads the whole file: past this, `run` with sed or a script
 LIST_CAP = 400
 SEARCH_CAP = 80
@@ -115,8 +118,36 @@ class Toolbox:
             raise ToolInputError("give a file path")
         return path
 
+    def named_files(self, text: str, names: list[str]) -> list[tuple[str, str]]:
+        """The small text files among `names` that `text` names by path (or by a file name only
+        one of them has), with their contents: put in the first prompt, as Aider adds the files a
+        message mentions, so reading them costs the agent no step. Past NAMED_FILE_BYTES a file
+        is left for the agent to read; symlinks, non-files and binary files are never attached."""
+        bases: dict[str, list[str]] = {}
+        for name in names:
+            bases.setdefault(os.path.basename(name), []).append(name)
+        wanted = [n for n in names if _mentions(text, n)]
+        wanted += [hits[0] for base, hits in bases.items()
+                   if len(hits) == 1 and "." in base and hits[0] not in wanted and _mentions(text, base)]
+        attached, total = [], 0
+        for name in wanted[:NAMED_FILES]:
+            try:
+                path = self._regular_file({"path": name})
+                if (self.root / name).is_symlink() or path.stat().st_size > NAMED_FILE_BYTES:
+                    continue
+                content = path.read_bytes().decode("utf-8")
+            except (ToolInputError, OSError, UnicodeDecodeError, ValueError):
+                continue
+            if total + len(content) > NAMED_FILES_BYTES:
+                break
+            attached.append((name, content))
+            total += len(content)
+        return attached
+
     def _list_files(self, args: dict[str, Any]) -> ToolOutcome:
         base = self.resolve(str(args.get("path") or "."))
+        if base.is_file():
+            raise ToolInputError(f"{args.get('path')} is a file, not a folder: read it with read_file")
         if not base.is_dir():
             raise ToolInputError(f"{args.get('path')} is not a folder")
         files = []
@@ -211,6 +242,11 @@ class Toolbox:
 
     def _finish(self, args: dict[str, Any]) -> ToolOutcome:
         return ToolOutcome(str(args.get("summary") or ""), finished=True)
+
+
+def _mentions(text: str, name: str) -> bool:
+    """Whether `text` names `name` as a whole path (`calc.py`, `calc.py?`, not `mycalc.py`)."""
+    return re.search(rf"(?<![\w./-]){re.escape(name)}(?![\w/-]|\.\w)", text) is not None
 
 
 def _arg(args: dict[str, Any], key: str) -> str:
