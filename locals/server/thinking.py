@@ -1,8 +1,9 @@
 """Splits a thinking model's reply into its thinking and its answer.
 
 A model named with `-thinking` (models.md), or asked to think by the request (each API's own
-switch, `Chat.thinking`), writes its reasoning between markers its tokenizer knows (`<think>` … `</think>` for Qwen; mlx-lm's TokenizerWrapper names them), or its template
-opens the block in the prompt so the reply starts inside it. Each API hands the thinking on in
+switch, `Chat.thinking`), writes its reasoning between markers its tokenizer knows (`<think>`
+… `</think>` for Qwen; mlx-lm's TokenizerWrapper names them), or its template opens the block
+in the prompt so the reply starts inside it. Each API hands the thinking on in
 its own field — OpenAI's `reasoning_content` (as vLLM and llama.cpp), Anthropic's `thinking`
 blocks, Ollama's `thinking`, a Responses `reasoning` item — and the answer alone as the reply,
 so tools neither show the reasoning as the answer nor parse calls out of it.
