@@ -196,11 +196,11 @@ class Agent:
 
     async def _final_answer(self) -> None:
         """Question mode with steps spent: ask once more, without tools, for the answer."""
-        reply = await self.client.chat(final_answer_messages(self.messages), temperature=self.sampling.temperature,
+        asked = final_answer_messages(self.messages)
+        reply = await self.client.chat(asked, temperature=self.sampling.temperature,
                                        seed=self.sampling.seed, max_tokens=self.sampling.max_tokens,
                                        session=self.session)
-        self.messages.append({"role": "user", "content": "(steps spent: asked for the answer without tools)"})
-        self.messages.append(reply.assistant_message())
+        self.messages += [asked[-1], reply.assistant_message()]  # a kept transcript shows what was asked
         self.result.prompt_tokens += reply.prompt_tokens
         self.result.completion_tokens += reply.completion_tokens
         text = without_repeats(reply.content)

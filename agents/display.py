@@ -31,9 +31,10 @@ class _Row:
 class LiveDisplay:
     """An EventSink that keeps a live table on `console` while used as a context manager."""
 
-    def __init__(self, console: Console, max_steps: int):
+    def __init__(self, console: Console, max_steps: int, question: bool = False):
         self.console = console
         self.max_steps = max_steps
+        self.question = question  # question mode: no planner, no check column
         self.parts: list[Part] = []
         self.part_status: dict[int, str] = {}
         self.rows: dict[tuple[int, int], _Row] = {}
@@ -64,21 +65,21 @@ class LiveDisplay:
         self._live.update(self.render())
 
     def render(self) -> Group:
-        items = [] if self.parts else [Text("planning…", style="dim")]
+        items = [] if self.parts else [Text("starting…" if self.question else "planning…", style="dim")]
         if self.note:
             items.append(Text(self.note, style="yellow"))
         # One line a row at any width: the two text columns share what is left, cut with an ellipsis.
         table = Table(box=None, pad_edge=False, header_style="bold", expand=True)
-        for name in ("part", "agent", "step", "last action", "check", "tokens"):
+        names = ("part", "agent", "step", "last action") + (() if self.question else ("check",)) + ("tokens",)
+        for name in names:
             ratio = {"last action": 3, "check": 2}.get(name)
             table.add_column(name, no_wrap=True, overflow="ellipsis", ratio=ratio, min_width=5 if ratio else None)
         for (part, agent), row in sorted(self.rows.items()):
             style = _STATUS_STYLE.get(row.status, "")
             status = self.part_status.get(part, "")
-            table.add_row(
-                f"{part + 1}" + (f" {status}" if status else ""), f"{agent + 1}", f"{row.step}/{self.max_steps}",
-                Text(row.action, style=style), row.check, f"{row.tokens:,}",
-            )
+            cells = [f"{part + 1}" + (f" {status}" if status else ""), f"{agent + 1}", f"{row.step}/{self.max_steps}",
+                     Text(row.action, style=style), *(() if self.question else (row.check,)), f"{row.tokens:,}"]
+            table.add_row(*cells)
         if self.parts and len(self.parts) > 1:
             items.append(Text("\n".join(f"part {p.index + 1}: {p.goal}" for p in self.parts), style="dim"))
         items.append(table)

@@ -120,10 +120,14 @@ def status(
     port: Optional[int] = typer.Option(None, "--port", "-p", min=1, max=65535,
                                        help=f"Port (default: the last one, else {DEFAULT_PORT})."),
     logs: bool = typer.Option(False, "--logs", help="Print the end of the server log instead."),
-    lines: int = typer.Option(40, "--lines", "-n", min=1, help="Log lines to print with --logs."),
+    lines: Optional[int] = typer.Option(None, "--lines", "-n", min=1,
+                                        help="Log lines to print with --logs (default 40)."),
 ) -> None:
     """Show what the server is doing: model, memory, uptime, requests, speed, cache hits."""
     port = port or load_remembered().port
+    if lines is not None and not logs:
+        raise LocalsError(f"--lines goes with --logs: `locals status --logs -n {lines}`")
+    lines = lines or 40
     if logs:
         path = daemon.log_path(port)
         if not path.exists():

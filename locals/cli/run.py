@@ -73,7 +73,8 @@ def run(
         report = asyncio.run(_main(options, base_url, model if server else None, json_out, exit_code))
     except (KeyboardInterrupt, asyncio.CancelledError):
         where = (f"worktrees kept under {state_dir() / 'runs'}" if keep else "worktrees removed")
-        message = f"stopped: {where}; unfinished parts left your project as it was"
+        message = (f"stopped: {where}" if check is None  # a question never changes the project
+                   else f"stopped: {where}; unfinished parts left your project as it was")
         if json_out:  # a script reading --json gets JSON on every exit
             console.print_json(json.dumps({"ok": False, "stopped": True, "message": message}))
         console_err.print(f"[yellow]{message}[/yellow]")
@@ -148,7 +149,7 @@ async def _main(options, base_url: str, model: str | None, json_out: bool, exit_
             reporter.finish(report)
             print(json.dumps(report.to_dict(), indent=2))
             return report
-        with LiveDisplay(console_err, options.max_steps) as display:
+        with LiveDisplay(console_err, options.max_steps, question=options.check is None) as display:
             report = await run_team(options, client, fan_out(display, reporter))
         reporter.finish(report)
     print_summary(console, console_err, report)

@@ -230,6 +230,9 @@ async def models(request: web.Request) -> web.Response:
     backend = backend_of(request)
     created = int(backend.activity.started)
     names = [f"locals/{backend.name}", backend.name]
+    editor = getattr(backend.loaded, "editor_name", None)  # the name `locals models` gives editors
+    if editor and editor not in names:
+        names.insert(1, editor)
     # A repo id is a name clients know; a local folder's path is not listed (any name is served).
     if backend.model_id not in names and not os.path.isabs(backend.model_id):
         names.append(backend.model_id)

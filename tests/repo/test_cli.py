@@ -92,6 +92,7 @@ def test_ports_and_log_lines_out_of_range_are_usage_errors():
                  ("run", "x", "--port", "-1")):
         proc = run_cli(*args)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, (args, proc.stderr)
+    _one_clear_line(run_cli("status", "-n", "5"), "--lines goes with --logs")  # never silently ignored
 
 
 def test_help_lists_only_working_commands():

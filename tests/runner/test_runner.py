@@ -385,6 +385,15 @@ def test_the_live_table_keeps_one_line_a_row_in_80_columns():
     lines = [line for line in out.export_text().splitlines() if line.strip() and line != "planning…"]
     assert len(lines) == 2 and "last action" in lines[0] and "check" in lines[0] and "tokens" in lines[0]
     assert "write_file" in lines[1] and "fail" in lines[1] and "1,234" in lines[1]
+    question = LiveDisplay(Console(file=io.StringIO(), width=80), max_steps=3, question=True)
+    out = Console(file=io.StringIO(), width=80, record=True)
+    out.print(question.render())
+    assert out.export_text().splitlines()[0] == "starting…"  # a question has no planner
+    question(AgentStep(0, 0, 1, "read_file calc.py", 99))
+    out = Console(file=io.StringIO(), width=80, record=True)
+    out.print(question.render())
+    shown = out.export_text()
+    assert "check" not in shown and "read_file calc.py" in shown  # nor a check
 
 
 def test_a_printed_answer_keeps_its_long_lines_whole():

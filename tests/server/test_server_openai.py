@@ -188,6 +188,9 @@ async def test_models_lists_the_loaded_model(client):
     client.server.app[STATE].backend.loaded.model_id = "/home/me/models/fake"  # weights from a folder
     ids = [m["id"] for m in (await (await client.get("/v1/models")).json())["data"]]
     assert ids == ["locals/fake", "fake"]  # a path is no name to pick
+    client.server.app[STATE].backend.loaded.editor_name = "locals/fake-1b"  # an alias's editor name
+    ids = [m["id"] for m in (await (await client.get("/v1/models")).json())["data"]]
+    assert ids == ["locals/fake", "locals/fake-1b", "fake"]  # as `locals models` shows it
     one = await (await client.get("/v1/models/locals/fake")).json()
     assert one["id"] == "locals/fake" and one["object"] == "model"
 
