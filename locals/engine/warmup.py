@@ -98,13 +98,15 @@ class ShapeWarmer:
 
     def warm(self, budget_s: float, stop=lambda: False) -> None:
         """Run the uncompiled passes (the first call only), then trace shapes until `budget_s` has
-        passed or `stop()` (one shape at least), and log where that leaves it; `done` once none remain."""
-        start = time.perf_counter()
+        passed or `stop()` (one shape at least), and log where that leaves it; `done` once none remain.
+        The budget is the shapes' own: the kernel work before them (seconds on a warm machine,
+        more as it grows) must not leave fewer shapes compiled before ready."""
         if self._prebuild is not None:
             self._prebuild.wait(stop=stop)
             self._prebuild = None
         while self._uncompiled and not stop():
             self._trace(*self._uncompiled.pop(0))
+        start = time.perf_counter()
         for trace, shape in self._todo:
             self._trace(trace, shape)
             if time.perf_counter() - start >= budget_s or stop():
