@@ -91,6 +91,7 @@ class ShapeWarmer:
         self._prebuild = prebuild.start(model) if self._uncompiled else None
         self._todo = _interleave(((self._trace_step, s) for s in shapes),
                                  ((self._trace_seams, (n,)) for n in lengths))
+        self._asked: set[tuple] = set()  # shapes traced because passes ran uncompiled at them
         self.traced = 0
         self.seconds = 0.0
         self.last_trace_s = 0.0
@@ -107,8 +108,8 @@ class ShapeWarmer:
         while self._uncompiled and not stop():
             self._trace(*self._uncompiled.pop(0))
         start = time.perf_counter()
-        for trace, shape in self._todo:
-            self._trace(trace, shape)
+        while (job := self._next()) is not None:
+            self._trace(*job)
             if time.perf_counter() - start >= budget_s or stop():
                 if budget_s:
                     log.info("compiled %d decode-step shapes in %.1f s; the rest compile while idle",
@@ -116,6 +117,23 @@ class ShapeWarmer:
                 return
         self.done = True
         log.info("compiled every decode-step shape: %d in %.1f s", self.traced, self.seconds)
+
+    def _next(self) -> tuple | None:
+        """The next shape to trace: the one that ran uncompiled most often since the last trace
+        (under steady traffic idle moments are few, so they go to what the traffic meets), else
+        the next of the likeliest-first order; None once every shape is traced."""
+        missed = self.runner.compiled.missed
+        while missed:
+            shape = max(missed, key=missed.get)
+            del missed[shape]
+            if shape not in self._asked:
+                self._asked.add(shape)
+                return (self._trace_step, shape[1]) if shape[0] == "step" else (self._trace_seams, (shape[1],))
+        for trace, shape in self._todo:
+            kind = "step" if trace == self._trace_step else "seams"
+            if (kind, shape if kind == "step" else shape[0]) not in self._asked:
+                return trace, shape
+        return None
 
     def due(self, idle_for_s: float) -> bool:
         """Whether an idle trace may start after `idle_for_s` seconds without a request: shapes

@@ -261,3 +261,37 @@ def test_after_a_trace_of_seconds_the_next_waits_as_long():
     slow = SimpleNamespace(done=False, last_trace_s=5.0)
     assert not warmup.ShapeWarmer.due(slow, 4.9) and warmup.ShapeWarmer.due(slow, 5.0)
     assert not warmup.ShapeWarmer.due(SimpleNamespace(done=True, last_trace_s=0.0), 60.0)  # nothing left
+
+
+def test_what_ran_uncompiled_is_traced_first_when_the_engine_goes_idle(tiny_llama, caplog, monkeypatch):
+    # Under steady traffic idle moments are few: each goes to the shape the traffic met, not to
+    # the next of the likeliest-first list (which starts with one row at every cache size).
+    monkeypatch.setattr(warmup, "IDLE_QUIET_S", 1.0)
+    engine = Engine(tiny_llama, EngineConfig(prefix_cache_bytes=0, max_batch=4, speculate=False, warm_up_s=1e-6,
+                                             kv_budget_bytes=64 << 20, **AS_ON_A_GPU))
+    with caplog.at_level("DEBUG", logger="locals.engine.warmup"):
+        engine.start()
+        try:
+            assert engine.ready.wait(120)
+            prompts = make_prompts(tiny_llama.tokenizer, [300, 310, 320])  # three rows past 256 positions
+            c = Collector()
+            for prompt in prompts:
+                c.submit(engine, GenerationRequest(prompt, SamplingParams(max_tokens=8, temperature=0)))
+            c.wait()
+            missed = dict(engine.runner.compiled.missed)  # the engine stays quiet 1 s before a trace
+            kind, shape = max(missed, key=missed.get)
+            caplog.clear()
+            assert wait_for(lambda: any(r.getMessage().startswith("compiled ") for r in caplog.records), timeout=60)
+            first = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("compiled "))
+            assert first.startswith(f"compiled {kind} {shape if kind == 'step' else (shape,)} in"), (first, missed)
+            # Met again, the shapes it traced run compiled.
+            assert wait_for(lambda: not engine.runner.compiled.missed and sum(
+                r.getMessage().startswith("compiled ") for r in caplog.records) >= len(missed), timeout=120)
+            before = engine.stats().extra["uncompiled_passes"]
+            c = Collector()
+            for prompt in prompts:
+                c.submit(engine, GenerationRequest(prompt, SamplingParams(max_tokens=8, temperature=0)))
+            c.wait()
+            assert engine.stats().extra["uncompiled_passes"] == before
+        finally:
+            engine.stop()

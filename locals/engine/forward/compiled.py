@@ -59,6 +59,13 @@ class CompiledBlocks:
         # that compiles its shapes ahead, warmup.py, turns it on only while it traces them).
         self.on_demand = True
         self.uncompiled_passes = 0  # short passes that ran uncompiled for that reason
+        # Those passes by shape, ("step", (rows, rows_cap, t_cap)) or ("seams", length): what the
+        # traffic asks for, which the warmer compiles first (warmup.py).
+        self.missed: dict[tuple, int] = {}
+
+    def _miss(self, shape: tuple) -> None:
+        self.uncompiled_passes += 1
+        self.missed[shape] = self.missed.get(shape, 0) + 1
 
     def _key(self, choices: ForwardChoices, key: tuple) -> tuple:
         return (swap_count(), choices) + key
@@ -80,7 +87,7 @@ class CompiledBlocks:
         traced = self._seam_lengths.setdefault(key, set())
         if length not in traced:
             if not self.on_demand:
-                self.uncompiled_passes += 1
+                self._miss(("seams", length))
                 return None
             traced.add(length)
         return self._get(choices, ("seams", id(layers)), lambda: _compile_seams(layers, choices))
@@ -95,7 +102,7 @@ class CompiledBlocks:
             self._steps.move_to_end(key)
             return self._steps[key]
         if not self.on_demand:
-            self.uncompiled_passes += 1
+            self._miss(("step", shape))
             return None
         for stale in [k for k in self._steps if k[0] != key[0]]:  # modules swapped out since
             del self._steps[stale]
