@@ -82,6 +82,10 @@ def serve(
     if not isinstance(level, int):
         raise LocalsError(f"--log-level {log_level!r}: use DEBUG, INFO, WARNING or ERROR")
     _check_overflow(overflow)
+    running = daemon.health(port, host, timeout=0.5)
+    if running is not None:  # said before loading a model only to find the port taken
+        raise LocalsError(f"locals already runs on port {port} with {running.get('model')}; "
+                          f"`locals status --port {port}` shows it, or pick another --port")
     prepare_model_process()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from locals.server.run import serve as run_server

@@ -270,3 +270,18 @@ def test_start_never_kills_a_running_server_that_does_not_answer(monkeypatch):
             daemon.start("smollm2", 18644, timeout=5, on_wait=waits.append)
         assert proc.poll() is None and daemon.read_record(18644).pid == proc.pid  # untouched
     assert {"status": "busy"} in waits
+
+
+def test_serve_on_a_port_where_locals_runs_says_so_before_loading_a_model():
+    from typer.testing import CliRunner
+
+    from locals.cli import app
+
+    server = _fake_server(lambda path: (200, {"status": "ok", "service": "locals", "model": "smollm2"}))
+    try:
+        result = CliRunner().invoke(app, ["serve", "--port", str(server.server_port), "--model", "/nonexistent"])
+        assert "locals already runs on port" in str(result.exception) and "with smollm2" in str(result.exception)
+        assert f"locals status --port {server.server_port}" in str(result.exception)
+    finally:
+        server.shutdown()
+        server.server_close()
