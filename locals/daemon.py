@@ -263,7 +263,7 @@ def _clear_stale(port: int) -> None:
     record = read_record(port)
     if record is None:
         return
-    _unload_service(record)
+    service.unload(record)
     remove_record(port)
 
 

@@ -285,3 +285,22 @@ def test_serve_on_a_port_where_locals_runs_says_so_before_loading_a_model():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_start_over_a_stale_record_forgets_it_and_launches(monkeypatch, tmp_path):
+    # A record whose server died (kill -9): start asks its service manager to let go, drops it, launches.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    daemon.write_record(daemon.ServerRecord(port=18613, mode="process", pid=dead.pid, log=str(tmp_path / "x.log")))
+    unloaded, launched = [], []
+
+    def launch(record, cmd):
+        launched.append(daemon.read_record(18613))
+        raise LocalsError("launch stopped by the test")
+
+    monkeypatch.setattr(service, "unload", lambda record: unloaded.append(record.pid))
+    monkeypatch.setattr(service, "service_manager", lambda: "process")
+    monkeypatch.setattr(service, "launch_process", launch)
+    with pytest.raises(LocalsError, match="launch stopped by the test"):
+        daemon.start("smollm2", 18613, timeout=5)
+    assert unloaded[:1] == [dead.pid] and launched == [None]  # the stale record was gone before the launch
