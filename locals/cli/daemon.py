@@ -140,20 +140,8 @@ def status(
         typer.echo(daemon.log_tail(port, lines))
         return
     snap = daemon.status(port)
-    stuck = daemon.unanswering_server(port) if snap is None else None
-    if stuck:
-        raise LocalsError(f"locals on port {port} (pid {stuck}) does not answer (still starting, stuck or paused); "
-                          f"`locals stop --port {port}` ends it")
-    if snap is None and daemon.port_answers(port):
-        raise LocalsError(f"port {port} is held by another program, not locals; start locals on another port "
-                          "(`locals start --port N`) or stop that program")
     if snap is None:
-        others = daemon.other_servers(port)
-        if others:
-            raise LocalsError(f"locals is not running on port {port}; it runs on port "
-                              f"{', '.join(map(str, others))} (`locals status --port {others[0]}`)")
-        flag = f" --port {port}" if port != DEFAULT_PORT else ""
-        raise LocalsError(f"locals is not running on port {port}; run `locals start{flag}`")
+        raise _no_status(port)
     table = Table(show_header=False, box=None)
     table.add_row("model", f"{snap['model']} ({snap['status']})")
     table.add_row("address", daemon.base_url(port))
@@ -170,19 +158,29 @@ def status(
                                     "prompt tokens served from the prefix cache")
         table.add_row("KV cache", _size(engine["kv_bytes"]) +
                       (f" of {_size(engine['kv_budget_bytes'])}" if engine["kv_budget_bytes"] else ""))
-        disk = disk_line(engine.get("extra") or {})
-        if disk:
-            table.add_row("disk cache", disk)
-        kernels = kernels_line(engine.get("extra") or {})
-        if kernels:
-            table.add_row("kernels", kernels)
-        compiles = compiles_line(engine.get("extra") or {})
-        if compiles:
-            table.add_row("compiles", compiles)
-        gaps = gaps_line(engine.get("extra") or {})
-        if gaps:
-            table.add_row("stalls", gaps)
+        extra = engine.get("extra") or {}
+        for label, line in (("disk cache", disk_line(extra)), ("kernels", kernels_line(extra)),
+                            ("compiles", compiles_line(extra)), ("stalls", gaps_line(extra))):
+            if line:  # each says nothing where it has nothing to say (a CPU, no disk tier)
+                table.add_row(label, line)
     console.print(table)
+
+
+def _no_status(port: int) -> LocalsError:
+    """Why no locals server answered on `port`, and what to do about it."""
+    stuck = daemon.unanswering_server(port)
+    if stuck:
+        return LocalsError(f"locals on port {port} (pid {stuck}) does not answer (still starting, stuck or paused); "
+                           f"`locals stop --port {port}` ends it")
+    if daemon.port_answers(port):
+        return LocalsError(f"port {port} is held by another program, not locals; start locals on another port "
+                           "(`locals start --port N`) or stop that program")
+    others = daemon.other_servers(port)
+    if others:
+        return LocalsError(f"locals is not running on port {port}; it runs on port "
+                           f"{', '.join(map(str, others))} (`locals status --port {others[0]}`)")
+    flag = f" --port {port}" if port != DEFAULT_PORT else ""
+    return LocalsError(f"locals is not running on port {port}; run `locals start{flag}`")
 
 
 def disk_line(extra: dict) -> str | None:

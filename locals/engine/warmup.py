@@ -89,8 +89,8 @@ class ShapeWarmer:
                             *([(self._build_chunk_attention, (chunk,))] if chunk_attention.ON_CUDA else [])
                             ] if compiles_kernels_on_first_use() else []
         self._prebuild = prebuild.start(model) if self._uncompiled else None
-        self._todo = _interleave(((self._trace_step, s) for s in shapes),
-                                 ((self._trace_seams, (n,)) for n in lengths))
+        # Keyed as CompiledBlocks.missed keys them: ("step", (rows, slots, t_cap)), ("seams", length).
+        self._todo = _interleave((("step", s) for s in shapes), (("seams", n) for n in lengths))
         self._asked: set[tuple] = set()  # shapes traced because passes ran uncompiled at them
         self.traced = 0
         self.seconds = 0.0
@@ -124,16 +124,16 @@ class ShapeWarmer:
         the next of the likeliest-first order; None once every shape is traced."""
         missed = self.runner.compiled.missed
         while missed:
-            shape = max(missed, key=missed.get)
-            del missed[shape]
-            if shape not in self._asked:
-                self._asked.add(shape)
-                return (self._trace_step, shape[1]) if shape[0] == "step" else (self._trace_seams, (shape[1],))
-        for trace, shape in self._todo:
-            kind = "step" if trace == self._trace_step else "seams"
-            if (kind, shape if kind == "step" else shape[0]) not in self._asked:
-                return trace, shape
-        return None
+            key = max(missed, key=missed.get)
+            del missed[key]
+            if key not in self._asked:
+                self._asked.add(key)
+                return self._job(key)
+        return next((self._job(key) for key in self._todo if key not in self._asked), None)
+
+    def _job(self, key: tuple) -> tuple:
+        kind, shape = key
+        return (self._trace_step, shape) if kind == "step" else (self._trace_seams, (shape,))
 
     def due(self, idle_for_s: float) -> bool:
         """Whether an idle trace may start after `idle_for_s` seconds without a request: shapes

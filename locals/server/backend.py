@@ -359,9 +359,9 @@ class Backend:
 
     def _thinking(self, request: GenerationRequest) -> ThinkingSplitter | None:
         """A splitter for a thinking reply (thinking.py); None for other replies and raw prompts."""
-        markers = markers_of(self.loaded)
-        if markers is None or request.meta.get("raw") or not request.meta.get("thinking"):
+        if request.meta.get("raw") or not request.meta.get("thinking"):  # `thinks`: only a model that can
             return None
+        markers = markers_of(self.loaded)
         tail = self.loaded.tokenizer.decode(request.prompt_tokens[-16:])
         return ThinkingSplitter(markers, ThinkingSplitter.opens_in(tail, markers))
 
